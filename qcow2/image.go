@@ -1,0 +1,376 @@
+package qcow2
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+)
+
+// Options configure Open. The zero value is usable.
+type Options struct {
+	// Cache holds L2 tables. Share one Cache between all images of a
+	// mount to bound the memory of all of them together. Nil means a
+	// private cache of DefaultCacheSize bytes.
+	Cache *Cache
+
+	// AllowedDirs confines backing and data files: when non-empty, a
+	// referenced file must resolve (after symlinks) to a path inside one
+	// of these folders, or Open fails with ErrRefused.
+	AllowedDirs []string
+
+	// MaxChainDepth limits the number of backing files below the image.
+	// Zero means DefaultMaxChainDepth.
+	MaxChainDepth int
+
+	// AllowCorrupt opens images whose corrupt bit is set. They are only
+	// ever read, so this cannot make them worse.
+	AllowCorrupt bool
+
+	// Warnf, if set, receives warnings that do not stop the image from
+	// opening (a backing file whose format had to be probed, a dirty
+	// image, ...).
+	Warnf func(format string, args ...any)
+}
+
+// DefaultMaxChainDepth is the default limit on the number of backing files
+// below an image.
+const DefaultMaxChainDepth = 64
+
+// Image is an opened qcow2 image together with its backing chain. It is an
+// io.ReaderAt over the virtual disk and is safe for concurrent use.
+type Image struct {
+	top   *layer
+	cache *Cache
+}
+
+// layer is one file of a backing chain: a qcow2 image or a raw file.
+// Everything in a layer is set at open and read-only afterwards, except
+// the cache, which has its own locking.
+type layer struct {
+	name     string   // path as opened (relative to the caller's cwd)
+	file     *os.File // the image file itself
+	fileSize int64
+	size     int64 // virtual size in bytes
+	depth    int   // 0 for the top image
+	backing  *layer
+
+	// Set for raw layers only.
+	raw bool
+
+	// Set for qcow2 layers only.
+	hdr          *Header
+	dataFile     *os.File // external data file; nil when clusters live in file
+	dataFileSize int64
+	clusterBits  uint
+	l2Bits       uint // log2 of entries per L2 table
+	scBits       uint // log2 of the subcluster size (= clusterBits without extended L2)
+	extendedL2   bool
+	l1           []uint64
+	cache        *Cache
+	owner        uint64
+	decomp       *decompressor
+}
+
+// Open opens the qcow2 image at path and its whole backing chain.
+func Open(path string, opts Options) (*Image, error) {
+	if opts.Cache == nil {
+		opts.Cache = NewCache(DefaultCacheSize)
+	}
+	if opts.MaxChainDepth <= 0 {
+		opts.MaxChainDepth = DefaultMaxChainDepth
+	}
+	o := &opener{opts: opts, seen: map[fileID]string{}}
+	top, err := o.openQcow2(path, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &Image{top: top, cache: opts.Cache}, nil
+}
+
+// Size returns the virtual disk size in bytes.
+func (img *Image) Size() int64 { return img.top.size }
+
+// Header returns the image's parsed header. It must not be modified.
+func (img *Image) Header() *Header { return img.top.hdr }
+
+// Name returns the path the image was opened with.
+func (img *Image) Name() string { return img.top.name }
+
+// File returns the image file. It must not be closed or written.
+func (img *Image) File() *os.File { return img.top.file }
+
+// Close closes every file of the chain and drops its cached tables.
+func (img *Image) Close() error {
+	var first error
+	for l := img.top; l != nil; l = l.backing {
+		if l.owner != 0 {
+			img.cache.drop(l.owner)
+		}
+		if err := l.file.Close(); err != nil && first == nil {
+			first = err
+		}
+		if l.dataFile != nil {
+			if err := l.dataFile.Close(); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	return first
+}
+
+// newQcow2Layer reads the header and L1 table of the qcow2 file f.
+func newQcow2Layer(f *os.File, name string, depth int, opts *Options) (*layer, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	h, err := readHeader(f, name, st.Size())
+	if err != nil {
+		return nil, err
+	}
+	if h.IncompatibleFeatures&IncompatCorrupt != 0 && !opts.AllowCorrupt {
+		return nil, &UnsupportedError{File: name, Feature: "corrupt bit set (qemu found the image inconsistent; open it anyway with AllowCorrupt)"}
+	}
+	l := &layer{
+		name:        name,
+		file:        f,
+		fileSize:    st.Size(),
+		size:        int64(h.Size),
+		depth:       depth,
+		hdr:         h,
+		clusterBits: uint(h.ClusterBits),
+		extendedL2:  h.ExtendedL2(),
+		cache:       opts.Cache,
+		owner:       opts.Cache.newOwner(),
+	}
+	entryBits := uint(3)
+	l.scBits = l.clusterBits
+	if l.extendedL2 {
+		entryBits = 4
+		l.scBits = l.clusterBits - 5
+	}
+	l.l2Bits = l.clusterBits - entryBits
+	l.decomp = newDecompressor(h.CompressionType, l.clusterSize())
+
+	// The header check guarantees the table lies inside the file and is
+	// at most maxL1Bytes.
+	buf := make([]byte, int(h.L1Size)*8)
+	if _, err := f.ReadAt(buf, int64(h.L1TableOffset)); err != nil {
+		return nil, fmt.Errorf("%s: reading L1 table at byte offset %d: %w", name, h.L1TableOffset, err)
+	}
+	l.l1 = make([]uint64, h.L1Size)
+	for i := range l.l1 {
+		l.l1[i] = binary.BigEndian.Uint64(buf[i*8:])
+	}
+	return l, nil
+}
+
+func (l *layer) clusterSize() int64 { return 1 << l.clusterBits }
+
+// l2Table returns the L2 table with index l1Index, or nil if the L1 entry
+// is unallocated. The table holds cluster_size/8 words: one per entry, or
+// two per entry with extended L2 entries.
+func (l *layer) l2Table(l1Index int64) ([]uint64, error) {
+	if l1Index >= int64(len(l.l1)) {
+		return nil, nil
+	}
+	e := l.l1[l1Index]
+	entryOff := int64(l.hdr.L1TableOffset) + 8*l1Index
+	off := int64(e & l1OffsetMask)
+	if off == 0 {
+		return nil, nil
+	}
+	if off&(l.clusterSize()-1) != 0 {
+		return nil, &FormatError{File: l.name, Field: "L1 entry", Value: e, Offset: entryOff,
+			Msg: fmt.Sprintf("L2 table offset %#x is not cluster aligned", off)}
+	}
+	if off > l.fileSize-l.clusterSize() {
+		return nil, &FormatError{File: l.name, Field: "L1 entry", Value: e, Offset: entryOff,
+			Msg: fmt.Sprintf("L2 table at %#x runs past the end of the file (%d bytes)", off, l.fileSize)}
+	}
+	return l.cache.get(cacheKey{owner: l.owner, off: off}, func() ([]uint64, error) {
+		buf := make([]byte, l.clusterSize())
+		if _, err := l.file.ReadAt(buf, off); err != nil {
+			return nil, fmt.Errorf("%s: reading L2 table at byte offset %d: %w", l.name, off, err)
+		}
+		t := make([]uint64, len(buf)/8)
+		for i := range t {
+			t[i] = binary.BigEndian.Uint64(buf[i*8:])
+		}
+		return t, nil
+	})
+}
+
+// run is a stretch of guest bytes that one layer stores the same way.
+type run struct {
+	kind   kind
+	length int64
+	// host is the host offset of the run's first byte in the data file,
+	// for kindNormal and for preallocated zero clusters; -1 otherwise.
+	host int64
+	// entry is the L2 entry of a kindCompressed run (one cluster at most).
+	entry l2Entry
+	// entryOff is the byte offset of that entry in the image file.
+	entryOff int64
+}
+
+// lookup returns the run of this qcow2 layer that starts at guest offset
+// off, at most n bytes long (n > 0). It reads at most one L2 table: a run
+// never crosses an L2 table boundary.
+func (l *layer) lookup(off, n int64) (run, error) {
+	cs := l.clusterSize()
+	scSize := int64(1) << l.scBits
+	l2Span := cs << l.l2Bits // guest bytes mapped by one L2 table
+	if rest := l2Span - off&(l2Span-1); n > rest {
+		n = rest
+	}
+	table, err := l.l2Table(off / l2Span)
+	if err != nil {
+		return run{}, err
+	}
+	if table == nil {
+		return run{kind: kindUnallocated, length: n, host: -1}, nil
+	}
+	l1Index := off / l2Span
+	l2Base := int64(l.l1[l1Index] & l1OffsetMask)
+
+	words := int64(1)
+	if l.extendedL2 {
+		words = 2
+	}
+	var r run
+	end := off + n
+	for pos := off; pos < end; {
+		idx := (pos >> l.clusterBits) & (1<<l.l2Bits - 1)
+		e := l2Entry{word: table[idx*words]}
+		if l.extendedL2 {
+			e.bitmap = table[idx*words+1]
+		}
+		entryOff := l2Base + idx*words*8
+		sc := int((pos & (cs - 1)) >> l.scBits)
+		k, ok := l.subclusterKind(e, sc)
+		if !ok {
+			return run{}, &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
+				Msg: fmt.Sprintf("invalid subcluster bitmap %#x", e.bitmap)}
+		}
+		host := int64(-1)
+		if k == kindNormal || k == kindZero {
+			if h := e.hostOffset(); h != 0 || k == kindNormal {
+				if h&(cs-1) != 0 {
+					return run{}, &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
+						Msg: fmt.Sprintf("host cluster offset %#x is not cluster aligned", h)}
+				}
+				host = h + pos&(cs-1)
+			}
+		}
+		if k == kindNormal && host >= l.dataSize() {
+			return run{}, &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
+				Msg: fmt.Sprintf("host cluster offset %#x is past the end of the data file (%d bytes)", e.hostOffset(), l.dataSize())}
+		}
+		// The stretch of this subcluster from pos.
+		step := scSize - pos&(scSize-1)
+		if step > end-pos {
+			step = end - pos
+		}
+		if pos == off {
+			r = run{kind: k, length: step, host: host, entry: e, entryOff: entryOff}
+			if k == kindCompressed {
+				// A compressed run is one cluster at most.
+				r.length = min(cs-pos&(cs-1), n)
+				return r, nil
+			}
+		} else {
+			contiguous := k == r.kind && (host < 0) == (r.host < 0) &&
+				(host < 0 || host == r.host+r.length)
+			if !contiguous {
+				break
+			}
+			r.length += step
+		}
+		pos += step
+	}
+	return r, nil
+}
+
+// dataSize is the size of the file holding the layer's clusters.
+func (l *layer) dataSize() int64 {
+	if l.dataFile != nil {
+		return l.dataFileSize
+	}
+	return l.fileSize
+}
+
+// data returns the file holding the layer's clusters.
+func (l *layer) data() *os.File {
+	if l.dataFile != nil {
+		return l.dataFile
+	}
+	return l.file
+}
+
+// ReadAt reads len(p) bytes of the virtual disk at off. Like io.ReaderAt,
+// it returns io.EOF when the read reaches the end of the disk.
+func (img *Image) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("%s: negative offset %d", img.top.name, off)
+	}
+	size := img.top.size
+	if off >= size {
+		return 0, io.EOF
+	}
+	want := len(p)
+	if int64(len(p)) > size-off {
+		p = p[:size-off]
+	}
+	done := 0
+	for done < len(p) {
+		e, err := img.top.extent(off+int64(done), int64(len(p)-done))
+		if err != nil {
+			return done, err
+		}
+		if err := e.read(p[done : done+int(e.Length)]); err != nil {
+			return done, err
+		}
+		done += int(e.Length)
+	}
+	if done < want {
+		return done, io.EOF
+	}
+	return done, nil
+}
+
+// read fills p (len(p) == e.Length) with the extent's bytes.
+func (e *Extent) read(p []byte) error {
+	switch {
+	case e.Status&StatusCompressed != 0:
+		return e.layer.readCompressed(p, e.Start, e.entry, e.entryOff)
+	case e.Status&StatusData != 0:
+		return e.layer.readHost(p, e.Offset)
+	default:
+		clear(p)
+		return nil
+	}
+}
+
+// readHost reads p from the layer's data file at host offset off. Like
+// qemu's file driver, bytes of a cluster that lie past the end of the file
+// read as zeros; a run that starts past the end is corruption, caught by
+// lookup.
+func (l *layer) readHost(p []byte, off int64) error {
+	f, size := l.data(), l.dataSize()
+	n := len(p)
+	if off >= size {
+		n = 0
+	} else if int64(n) > size-off {
+		n = int(size - off)
+	}
+	if n > 0 {
+		if _, err := f.ReadAt(p[:n], off); err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("%s: reading %d bytes at byte offset %d: %w", f.Name(), n, off, err)
+		}
+	}
+	clear(p[n:])
+	return nil
+}

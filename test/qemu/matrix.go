@@ -1,0 +1,132 @@
+package qemu
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// An Image is one qemu-made test image.
+type Image struct {
+	Name string // short, unique; usable as a file name stem
+	Path string // the image file
+}
+
+// clusterSizes are the cluster sizes the matrix covers: qemu's minimum,
+// a small one, its default, and its maximum.
+var clusterSizes = []int{512, 4096, 65536, 2 << 20}
+
+// Matrix builds the standard test matrix in dir with qemu-img and qemu-io:
+// version 2 and 3 images at every cluster size with patterns written at
+// unaligned offsets and across cluster boundaries, zero writes with and
+// without unmap, discards; compressed images; qcow2-over-qcow2-over-raw
+// chains where the overlay hides base data with zeros; an overlay larger
+// than its base. The expected bytes of each image are whatever
+// `qemu-img convert -O raw` makes of it.
+func Matrix(t testing.TB, dir string) []Image {
+	t.Helper()
+	var out []Image
+	add := func(name, path string) { out = append(out, Image{Name: name, Path: path}) }
+
+	for _, compat := range []string{"0.10", "1.1"} {
+		for _, cs := range clusterSizes {
+			name := fmt.Sprintf("v%s-c%d", map[string]string{"0.10": "2", "1.1": "3"}[compat], cs)
+			p := filepath.Join(dir, name+".qcow2")
+			// A size that is not a multiple of the cluster size, with
+			// room for a few clusters of every size.
+			size := 24*cs + 8*(2<<20) + 3*512
+			Create(t, "qcow2", p, fmt.Sprint(size), "-o", fmt.Sprintf("compat=%s,cluster_size=%d", compat, cs))
+			IO(t, p, patternWrites(cs, size)...)
+			add(name, p)
+		}
+	}
+
+	// Compressed images from qemu-img convert -c, from a raw file with
+	// patterns, plus a mixed image: compressed clusters rewritten in part.
+	raw := filepath.Join(dir, "patterns.raw")
+	Create(t, "raw", raw, "12M")
+	rawIO(t, raw, patternWrites(65536, 12<<20)...)
+	for _, cs := range []int{4096, 65536, 2 << 20} {
+		name := fmt.Sprintf("compressed-c%d", cs)
+		p := filepath.Join(dir, name+".qcow2")
+		Img(t, "convert", "-q", "-c", "-O", "qcow2", "-o", fmt.Sprintf("cluster_size=%d", cs), raw, p)
+		add(name, p)
+	}
+	mixed := filepath.Join(dir, "compressed-mixed.qcow2")
+	Img(t, "convert", "-q", "-c", "-O", "qcow2", raw, mixed)
+	IO(t, mixed, "write -P 0x77 100000 5000", "write -z 1048576 65536", "write -c -P 0x55 4194304 65536")
+	add("compressed-mixed", mixed)
+
+	// A chain: raw base <- qcow2 middle <- qcow2 top. The top zeroes
+	// some base data, writes some of its own, and is larger than the
+	// middle, which is larger than the base.
+	base := filepath.Join(dir, "chain-base.raw")
+	Create(t, "raw", base, "6M")
+	rawIO(t, base, "write -P 0xb1 0 6M")
+	mid := filepath.Join(dir, "chain-mid.qcow2")
+	Create(t, "qcow2", mid, "10M", "-b", filepath.Base(base), "-F", "raw", "-o", "cluster_size=4096")
+	IO(t, mid, "write -P 0xc2 1M 1M", "write -z 3M 64k", "discard 5M 64k", "write -P 0xc3 7M 512")
+	top := filepath.Join(dir, "chain-top.qcow2")
+	Create(t, "qcow2", top, "16M", "-b", filepath.Base(mid), "-F", "qcow2")
+	IO(t, top, "write -z 0 64k", "write -z -u 1536k 128k", "write -P 0xd4 2500000 70000", "write -P 0xd5 12M 4k")
+	add("chain-top", top)
+	add("chain-mid", mid)
+
+	// A v2 overlay over a v3 base, with a compressed base.
+	cbase := filepath.Join(dir, "cbase.qcow2")
+	Img(t, "convert", "-q", "-c", "-O", "qcow2", raw, cbase)
+	cover := filepath.Join(dir, "over-compressed.qcow2")
+	Create(t, "qcow2", cover, "20M", "-b", filepath.Base(cbase), "-F", "qcow2", "-o", "compat=0.10,cluster_size=512")
+	IO(t, cover, "write -P 0xe6 65000 3000", "write -z 8M 1M")
+	add("over-compressed", cover)
+
+	// Preallocated zero clusters (zero-alloc): a zero write without
+	// unmap over a preallocated image.
+	prealloc := filepath.Join(dir, "prealloc.qcow2")
+	Create(t, "qcow2", prealloc, "8M", "-o", "preallocation=metadata")
+	IO(t, prealloc, "write -P 0x99 0 3M", "write -z 1M 1M", "write -z -u 2560k 64k")
+	add("prealloc", prealloc)
+	return out
+}
+
+// patternWrites returns qemu-io commands that exercise a disk of the given
+// size and cluster size: patterns at unaligned offsets, writes across
+// cluster boundaries, zero writes with and without unmap, discards.
+func patternWrites(cs, size int) []string {
+	return []string{
+		"write -P 0x11 0 4096",
+		fmt.Sprintf("write -P 0x22 %d 300", cs-100),          // across a boundary
+		fmt.Sprintf("write -P 0x33 %d %d", 3*cs+7, 2*cs+11),  // unaligned, several clusters
+		fmt.Sprintf("write -P 0x44 %d %d", 8*cs, 4*cs),       // then zeroed in part
+		fmt.Sprintf("write -z %d %d", 9*cs, cs),              // zero, keep allocation
+		fmt.Sprintf("write -z -u %d %d", 10*cs, cs),          // zero, unmap
+		fmt.Sprintf("write -P 0x55 %d %d", 14*cs, 2*cs),      // then discarded
+		fmt.Sprintf("discard %d %d", 15*cs, cs),              //
+		fmt.Sprintf("write -P 0x66 %d 1M", 20*cs),            // a larger run
+		fmt.Sprintf("write -P 0x67 %d 512", size-512),        // the last sector
+		fmt.Sprintf("write -P 0x68 %d 1000", size-2*cs-3000), // near the end
+	}
+}
+
+// rawIO runs qemu-io commands on a raw file.
+func rawIO(t testing.TB, path string, cmds ...string) {
+	t.Helper()
+	Require(t, "qemu-io")
+	args := []string{"-f", "raw"}
+	for _, c := range cmds {
+		args = append(args, "-c", c)
+	}
+	Run(t, "qemu-io", append(args, path)...)
+}
+
+// TempDir returns a fresh folder for images; big files are better on a real
+// disk than in a tmpfs /tmp, so TMPDIR is honoured by t.TempDir.
+func TempDir(t testing.TB) string {
+	t.Helper()
+	d := t.TempDir()
+	if err := os.Chmod(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}

@@ -1,0 +1,105 @@
+// Package qemu wraps the reference tools (qemu-img, qemu-io) for tests, so
+// a test reads as "make this image with qemu, read it with us, compare with
+// qemu". qemu is the oracle: expectations come from these tools, never from
+// the code under test.
+package qemu
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// Require fails the test (under CI, where every tool must be installed) or
+// skips it (elsewhere) when a tool is missing from PATH.
+func Require(t testing.TB, tools ...string) {
+	t.Helper()
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is required under CI=true: %v", tool, err)
+			}
+			t.Skipf("%s not installed: %v", tool, err)
+		}
+	}
+}
+
+// Run runs a command and fails the test if it fails; it returns stdout.
+func Run(t testing.TB, name string, args ...string) []byte {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, stderr.String())
+	}
+	return stdout.Bytes()
+}
+
+// Img runs qemu-img with args.
+func Img(t testing.TB, args ...string) []byte {
+	t.Helper()
+	Require(t, "qemu-img")
+	return Run(t, "qemu-img", args...)
+}
+
+// Create makes an image: Create(t, "qcow2", path, "64M", "-o", "cluster_size=4096").
+func Create(t testing.TB, format, path, size string, extra ...string) {
+	t.Helper()
+	args := append([]string{"create", "-q", "-f", format}, extra...)
+	Img(t, append(args, path, size)...)
+}
+
+// IO runs qemu-io commands (each one a "-c" argument) on a qcow2 image.
+func IO(t testing.TB, image string, cmds ...string) {
+	t.Helper()
+	Require(t, "qemu-io")
+	args := []string{"-f", "qcow2"}
+	for _, c := range cmds {
+		args = append(args, "-c", c)
+	}
+	Run(t, "qemu-io", append(args, image)...)
+}
+
+// ToRaw converts image to a raw file with qemu-img convert and returns the
+// raw file's path.
+func ToRaw(t testing.TB, image, raw string) string {
+	t.Helper()
+	Img(t, "convert", "-O", "raw", image, raw)
+	return raw
+}
+
+// Info returns `qemu-img info --output=json` for image, decoded.
+func Info(t testing.TB, image string) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(Img(t, "info", "--output=json", image), &m); err != nil {
+		t.Fatalf("qemu-img info %s: %v", image, err)
+	}
+	return m
+}
+
+// MapEntry is one extent of `qemu-img map --output=json`.
+type MapEntry struct {
+	Start      int64  `json:"start"`
+	Length     int64  `json:"length"`
+	Depth      int    `json:"depth"`
+	Present    bool   `json:"present"`
+	Zero       bool   `json:"zero"`
+	Data       bool   `json:"data"`
+	Compressed *bool  `json:"compressed,omitempty"`
+	Offset     *int64 `json:"offset,omitempty"`
+}
+
+// Map returns `qemu-img map --output=json` for image, decoded.
+func Map(t testing.TB, image string) []MapEntry {
+	t.Helper()
+	var m []MapEntry
+	if err := json.Unmarshal(Img(t, "map", "--output=json", image), &m); err != nil {
+		t.Fatalf("qemu-img map %s: %v", image, err)
+	}
+	return m
+}
