@@ -1,0 +1,87 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+
+	"github.com/qcowfs/qcowfs/qcow2"
+)
+
+type infoCmd struct {
+	Image  string `arg:"" help:"The qcow2 image."`
+	Output string `enum:"human,json" default:"human" help:"Output format: human or json (the fields of qemu-img info --output=json)."`
+}
+
+func (c *infoCmd) Run() error {
+	img, err := qcow2.Open(c.Image, qcow2.Options{Cache: qcow2.NewCache(1 << 20)})
+	if err != nil {
+		return err
+	}
+	defer img.Close()
+	info := img.Info()
+	if c.Output == "json" {
+		b, err := json.MarshalIndent(info, "", "    ")
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%s\n", b)
+		return nil
+	}
+	printInfo(os.Stdout, &info)
+	return nil
+}
+
+// printInfo prints info the way `qemu-img info` does.
+func printInfo(w io.Writer, info *qcow2.Info) {
+	fmt.Fprintf(w, "image: %s\n", info.Filename)
+	fmt.Fprintf(w, "file format: %s\n", info.Format)
+	fmt.Fprintf(w, "virtual size: %s (%d bytes)\n", sizeString(info.VirtualSize), info.VirtualSize)
+	fmt.Fprintf(w, "disk size: %s\n", sizeString(info.ActualSize))
+	fmt.Fprintf(w, "cluster_size: %d\n", info.ClusterSize)
+	if info.BackingFilename != "" {
+		fmt.Fprintf(w, "backing file: %s", info.BackingFilename)
+		if info.FullBackingFilename != info.BackingFilename {
+			fmt.Fprintf(w, " (actual path: %s)", info.FullBackingFilename)
+		}
+		fmt.Fprintln(w)
+		if info.BackingFilenameFormat != "" {
+			fmt.Fprintf(w, "backing file format: %s\n", info.BackingFilenameFormat)
+		}
+	}
+	d := info.FormatSpecific.Data
+	fmt.Fprintln(w, "Format specific information:")
+	fmt.Fprintf(w, "    compat: %s\n", d.Compat)
+	fmt.Fprintf(w, "    compression type: %s\n", d.CompressionType)
+	if d.LazyRefcounts != nil {
+		fmt.Fprintf(w, "    lazy refcounts: %t\n", *d.LazyRefcounts)
+	}
+	fmt.Fprintf(w, "    refcount bits: %d\n", d.RefcountBits)
+	if d.DataFile != "" {
+		fmt.Fprintf(w, "    data file: %s\n", d.DataFile)
+		fmt.Fprintf(w, "    data file raw: %t\n", *d.DataFileRaw)
+	}
+	if d.Corrupt != nil {
+		fmt.Fprintf(w, "    corrupt: %t\n", *d.Corrupt)
+	}
+	if d.ExtendedL2 != nil {
+		fmt.Fprintf(w, "    extended l2: %t\n", *d.ExtendedL2)
+	}
+}
+
+// sizeString formats a byte count like qemu's size_to_str: three
+// significant digits and a binary unit, switching unit at 1000.
+func sizeString(v int64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	if v <= 0 {
+		return "0 B"
+	}
+	_, e := math.Frexp(float64(v) / (1000.0 / 1024.0))
+	i := (e - 1) / 10
+	if i >= len(units) {
+		i = len(units) - 1
+	}
+	return fmt.Sprintf("%.3g %s", float64(v)/float64(uint64(1)<<(10*i)), units[i])
+}

@@ -1,0 +1,386 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"log/syslog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+
+	"github.com/qcowfs/qcowfs/fs"
+	"github.com/qcowfs/qcowfs/qcow2"
+)
+
+type mountCmd struct {
+	Source      string   `arg:"" help:"Folder of qcow2 images (searched recursively), or one image file."`
+	Mountpoint  string   `arg:"" help:"Folder to mount on."`
+	Foreground  bool     `short:"f" help:"Stay in the foreground and log to stderr; unmount on SIGINT or SIGTERM."`
+	AllowOther  bool     `help:"Let other users read the mount (as non-root this needs user_allow_other in /etc/fuse.conf). File permissions still apply."`
+	L2CacheSize byteSize `default:"32M" placeholder:"SIZE" help:"Memory for L2 tables, shared by all images: 32M maps 256 GiB of disk at 64 KiB clusters."`
+	LogLevel    string   `enum:"debug,info,warn,error" default:"info" help:"Least severe log messages to keep: debug, info, warn or error."`
+	LogFile     string   `placeholder:"PATH" help:"Append the log here. Default: syslog when running as a daemon, stderr with --foreground."`
+	Debug       bool     `help:"Log every FUSE request and reply (very verbose)."`
+	Options     []string `short:"o" sep:"," placeholder:"OPT,..." help:"Options in mount(8) style: ro, allow_other, l2_cache_size=SIZE, log_level=LEVEL, log_file=PATH, debug, foreground. Generic ones (rw, dev, suid, exec, auto, noauto, user, nofail, _netdev, x-*, ...) are accepted and ignored."`
+}
+
+// daemonEnv marks the re-executed daemon; fd 3 is then the pipe on which it
+// reports to the waiting parent.
+const daemonEnv = "QCOWFS_DAEMON"
+
+// Run mounts. Without --foreground the mount is served by a re-executed
+// copy of this program in its own session; this process waits until the
+// mount is live (or failed) and exits with that result.
+func (c *mountCmd) Run() error {
+	if err := c.applyOptions(); err != nil {
+		return err
+	}
+	if err := c.preflight(); err != nil {
+		return err
+	}
+	if c.Foreground {
+		return c.serve(nil)
+	}
+	if os.Getenv(daemonEnv) != "" {
+		os.Unsetenv(daemonEnv)
+		return c.serve(os.NewFile(3, "ready"))
+	}
+	return c.daemonize()
+}
+
+// applyOptions folds -o options into the flags.
+func (c *mountCmd) applyOptions() error {
+	for _, o := range c.Options {
+		key, val, hasVal := strings.Cut(strings.TrimSpace(o), "=")
+		switch key {
+		case "", "ro", "rw", "defaults", "dev", "nodev", "suid", "nosuid", "exec", "noexec",
+			"auto", "noauto", "user", "nouser", "users", "owner", "group", "nofail", "_netdev",
+			"atime", "noatime", "relatime", "norelatime", "strictatime", "nodiratime", "diratime",
+			"sync", "async", "default_permissions", "comment":
+			// Generic options; the mount is read-only whatever they say.
+		case "allow_other":
+			c.AllowOther = true
+		case "debug":
+			c.Debug = true
+		case "foreground":
+			c.Foreground = true
+		case "l2_cache_size":
+			if err := c.L2CacheSize.UnmarshalText([]byte(val)); err != nil || !hasVal {
+				return fmt.Errorf("option %s: want a size such as 32M", o)
+			}
+		case "log_level":
+			switch val {
+			case "debug", "info", "warn", "error":
+				c.LogLevel = val
+			default:
+				return fmt.Errorf("option %s: want debug, info, warn or error", o)
+			}
+		case "log_file":
+			c.LogFile = val
+		default:
+			if strings.HasPrefix(key, "x-") {
+				continue
+			}
+			return fmt.Errorf("unknown mount option %q", o)
+		}
+	}
+	return nil
+}
+
+// preflight checks everything a user can get wrong before anything is
+// mounted, so that each mistake is a one-line message and nothing is left
+// half-mounted.
+func (c *mountCmd) preflight() error {
+	var err error
+	if c.Source, err = filepath.Abs(c.Source); err != nil {
+		return err
+	}
+	if c.Mountpoint, err = filepath.Abs(c.Mountpoint); err != nil {
+		return err
+	}
+	st, err := os.Stat(c.Source)
+	if err != nil {
+		return fmt.Errorf("source: %w", err)
+	}
+	switch {
+	case st.IsDir():
+	case st.Mode().IsRegular():
+		// A single image: refuse it now rather than mount an empty
+		// folder.
+		img, err := qcow2.Open(c.Source, qcow2.Options{Cache: qcow2.NewCache(1 << 20)})
+		if err != nil {
+			return fmt.Errorf("source: %w", err)
+		}
+		img.Close()
+	default:
+		return fmt.Errorf("source %s: not a folder or a regular file", c.Source)
+	}
+	mst, err := os.Stat(c.Mountpoint)
+	if err != nil {
+		return fmt.Errorf("mount point: %w", err)
+	}
+	if !mst.IsDir() {
+		return fmt.Errorf("mount point %s: not a folder", c.Mountpoint)
+	}
+	realMnt, err := filepath.EvalSymlinks(c.Mountpoint)
+	if err != nil {
+		return fmt.Errorf("mount point: %w", err)
+	}
+	if mounted, err := isMountPoint(realMnt); err != nil {
+		return err
+	} else if mounted {
+		return fmt.Errorf("mount point %s: already a mount point (unmount it first: qcowfs unmount %s)", c.Mountpoint, c.Mountpoint)
+	}
+	if st.IsDir() {
+		realSrc, err := filepath.EvalSymlinks(c.Source)
+		if err != nil {
+			return fmt.Errorf("source: %w", err)
+		}
+		if realMnt == realSrc || strings.HasPrefix(realMnt, realSrc+"/") {
+			return fmt.Errorf("mount point %s: inside the source folder %s; the mount would contain itself", c.Mountpoint, c.Source)
+		}
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		return fmt.Errorf("FUSE is not available: %w (load the fuse module; in a container, pass the /dev/fuse device)", err)
+	}
+	if os.Geteuid() == 0 {
+		f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("FUSE is not available: %w", err)
+		}
+		f.Close()
+	} else if _, err := exec.LookPath("fusermount3"); err != nil {
+		if _, err2 := exec.LookPath("fusermount"); err2 != nil {
+			return fmt.Errorf("not running as root and fusermount3 is not installed (install the fuse3 package, or run as root)")
+		}
+	}
+	if c.AllowOther && os.Geteuid() != 0 {
+		if b, err := os.ReadFile("/etc/fuse.conf"); err != nil || !hasUserAllowOther(b) {
+			return fmt.Errorf("--allow-other as non-root needs user_allow_other in /etc/fuse.conf")
+		}
+	}
+	return nil
+}
+
+func hasUserAllowOther(conf []byte) bool {
+	for _, line := range strings.Split(string(conf), "\n") {
+		if strings.TrimSpace(line) == "user_allow_other" {
+			return true
+		}
+	}
+	return false
+}
+
+// isMountPoint reports whether path (without symlinks) is a mount point,
+// from /proc/self/mountinfo.
+func isMountPoint(path string) (bool, error) {
+	mounts, err := readMountinfo()
+	if err != nil {
+		return false, err
+	}
+	for _, m := range mounts {
+		if m.point == path {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+type mountInfo struct{ point, fstype string }
+
+func readMountinfo() ([]mountInfo, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	var out []mountInfo
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		// ID parent major:minor root point options [optional...] - fstype source superopts
+		if len(f) < 7 {
+			continue
+		}
+		m := mountInfo{point: unescapeMount(f[4])}
+		for i := 6; i < len(f)-1; i++ {
+			if f[i] == "-" {
+				m.fstype = f[i+1]
+				break
+			}
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// unescapeMount undoes the octal escapes (\040 for space, ...) of
+// /proc/self/mountinfo.
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// daemonize re-executes this program as the daemon and waits for it to
+// report that the mount is live, or why it failed.
+func (c *mountCmd) daemonize() error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer devnull.Close()
+	cmd := exec.Command(exe, os.Args[1:]...)
+	cmd.Env = append(os.Environ(), daemonEnv+"=1")
+	cmd.ExtraFiles = []*os.File{w}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, devnull
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	w.Close()
+	defer r.Close()
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "ok":
+			return cmd.Process.Release()
+		case strings.HasPrefix(line, "error: "):
+			cmd.Wait()
+			return errors.New(strings.TrimPrefix(line, "error: "))
+		default:
+			fmt.Fprintln(os.Stderr, "qcowfs:", line)
+		}
+	}
+	err = cmd.Wait()
+	return fmt.Errorf("the daemon exited before the mount was live: %v", err)
+}
+
+// serve mounts and serves until unmounted. ready, if not nil, is the pipe
+// to the waiting parent: it gets "ok" once the mount is live or "error:
+// ..." if mounting failed.
+func (c *mountCmd) serve(ready *os.File) (err error) {
+	report := func(format string, args ...any) {
+		if ready != nil {
+			fmt.Fprintf(ready, format+"\n", args...)
+		}
+	}
+	defer func() {
+		if err != nil && ready != nil {
+			report("error: %v", err)
+			ready.Close()
+			err = &exitError{code: 1}
+		}
+	}()
+
+	logger, logOut, err := c.logger(ready != nil, report)
+	if err != nil {
+		return err
+	}
+	if ready != nil {
+		// Do not keep the caller's working folder busy.
+		os.Chdir("/")
+	}
+	cfg := fs.Config{
+		Source: c.Source,
+		Image:  qcow2.Options{Cache: qcow2.NewCache(int64(c.L2CacheSize))},
+		Log:    logger,
+	}
+	root, err := fs.NewRoot(cfg)
+	if err != nil {
+		return err
+	}
+	opts := fs.Options()
+	opts.AllowOther = c.AllowOther
+	opts.Debug = c.Debug
+	opts.Logger = log.New(logOut, "", log.LstdFlags)
+	opts.MountOptions.Logger = opts.Logger
+	opts.FsName = c.Source
+	server, err := gofs.Mount(c.Mountpoint, root, opts)
+	if err != nil {
+		return fmt.Errorf("mounting on %s: %w", c.Mountpoint, err)
+	}
+	logger.Info("mounted", "source", c.Source, "mountpoint", c.Mountpoint, "pid", os.Getpid())
+	if ready != nil {
+		report("ok")
+		ready.Close()
+	}
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
+	go func() {
+		for s := range sigs {
+			logger.Info("unmounting", "signal", s.String())
+			if err := server.Unmount(); err != nil {
+				// Busy: detach now; the kernel ends the session
+				// when the last user lets go, and Wait returns.
+				logger.Warn("mount busy; detaching it lazily", "err", err)
+				if err := unmount(c.Mountpoint, true); err != nil {
+					logger.Error("lazy unmount failed", "err", err)
+				}
+			}
+		}
+	}()
+	server.Wait()
+	logger.Info("unmounted", "mountpoint", c.Mountpoint)
+	return nil
+}
+
+// logger builds the daemon's logger: to --log-file if given, else stderr
+// in the foreground, else syslog. It also returns the writer for FUSE
+// debug output.
+func (c *mountCmd) logger(daemon bool, warn func(string, ...any)) (*slog.Logger, io.Writer, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return nil, nil, err
+	}
+	var out io.Writer = os.Stderr
+	switch {
+	case c.LogFile != "":
+		f, err := os.OpenFile(c.LogFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			return nil, nil, fmt.Errorf("log file: %w", err)
+		}
+		out = f
+	case daemon:
+		w, err := syslog.New(syslog.LOG_DAEMON|syslog.LOG_INFO, "qcowfs")
+		if err != nil {
+			warn("no syslog (%v): the daemon's log is discarded; use --log-file", err)
+			out = io.Discard
+		} else {
+			out = w
+		}
+	}
+	h := slog.NewTextHandler(out, &slog.HandlerOptions{Level: level})
+	return slog.New(h), out, nil
+}

@@ -1,0 +1,26 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// byteSize is a size flag: a number of bytes with an optional binary
+// suffix, K, M, G or T (KiB, MiB, ... and lower case are accepted too).
+type byteSize int64
+
+func (b *byteSize) UnmarshalText(text []byte) error {
+	s := strings.TrimSpace(string(text))
+	num := strings.TrimRight(s, "KMGTkmgtiIbB")
+	unit := strings.ToUpper(strings.TrimSuffix(strings.TrimSuffix(s[len(num):], "B"), "b"))
+	unit = strings.TrimSuffix(unit, "I")
+	shift := map[string]uint{"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
+	sh, ok := shift[unit]
+	n, err := strconv.ParseInt(num, 10, 64)
+	if !ok || err != nil || n < 0 || n > (1<<62)>>sh {
+		return fmt.Errorf("bad size %q: want a number with an optional K, M, G or T suffix", s)
+	}
+	*b = byteSize(n << sh)
+	return nil
+}

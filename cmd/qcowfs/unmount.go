@@ -1,0 +1,72 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+)
+
+type unmountCmd struct {
+	Mountpoint string `arg:"" help:"Where qcowfs is mounted."`
+	Lazy       bool   `short:"z" help:"Detach even if busy; the mount goes away once nothing uses it."`
+}
+
+func (c *unmountCmd) Run() error {
+	mnt, err := filepath.Abs(c.Mountpoint)
+	if err != nil {
+		return err
+	}
+	if real, err := filepath.EvalSymlinks(mnt); err == nil {
+		mnt = real
+	}
+	mounts, err := readMountinfo()
+	if err != nil {
+		return err
+	}
+	found := false
+	for _, m := range mounts {
+		if m.point == mnt {
+			if m.fstype != "fuse.qcowfs" {
+				return fmt.Errorf("%s: a %s mount, not a qcowfs one", c.Mountpoint, m.fstype)
+			}
+			found = true
+		}
+	}
+	if !found {
+		return fmt.Errorf("%s: not mounted", c.Mountpoint)
+	}
+	return unmount(mnt, c.Lazy)
+}
+
+// unmount detaches a FUSE mount: with umount2(2) as root, with fusermount3
+// otherwise. The daemon notices and exits.
+func unmount(mnt string, lazy bool) error {
+	if os.Geteuid() == 0 {
+		flags := 0
+		if lazy {
+			flags = syscall.MNT_DETACH
+		}
+		if err := syscall.Unmount(mnt, flags); err != nil {
+			if err == syscall.EBUSY {
+				return fmt.Errorf("%s: busy (something still uses it; --lazy detaches it anyway)", mnt)
+			}
+			return fmt.Errorf("%s: %w", mnt, err)
+		}
+		return nil
+	}
+	args := []string{"-u"}
+	if lazy {
+		args = append(args, "-z")
+	}
+	tool := "fusermount3"
+	if _, err := exec.LookPath(tool); err != nil {
+		tool = "fusermount"
+	}
+	out, err := exec.Command(tool, append(args, mnt)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: %s", tool, out)
+	}
+	return nil
+}

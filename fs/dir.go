@@ -1,0 +1,271 @@
+package fs
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/qcowfs/qcowfs/qcow2"
+)
+
+// dirNode mirrors one source folder.
+type dirNode struct {
+	gofs.Inode
+	m    *mount
+	path string // the source folder
+	only string // when set, the folder shows only this source entry
+
+	mu      sync.Mutex
+	entries map[string]*entry // by source name, kept between listings
+}
+
+var (
+	_ = (gofs.NodeLookuper)((*dirNode)(nil))
+	_ = (gofs.NodeReaddirer)((*dirNode)(nil))
+	_ = (gofs.NodeGetattrer)((*dirNode)(nil))
+)
+
+type entryKind uint8
+
+const (
+	kindDir entryKind = iota
+	kindImage
+	kindPlain
+)
+
+// entry is one source entry as the mount shows it.
+type entry struct {
+	src     string // name in the source folder
+	path    string // full source path (of the symlink target for symlinks)
+	kind    entryKind
+	v       version
+	st      syscall.Stat_t
+	size    int64 // the size shown: the virtual size for images
+	hidden  bool  // an image that failed validation, or an entry we do not show
+	exposed string
+	clashed bool // not shown for a name clash; logged once
+}
+
+// list reads the source folder and returns its entries by exposed name.
+// Entries whose file did not change since the last listing are reused, so
+// an image is validated (opened) once per version, and a refused image is
+// logged once per version.
+func (d *dirNode) list() (map[string]*entry, error) {
+	var names []string
+	if d.only != "" {
+		names = []string{d.only}
+	} else {
+		f, err := os.Open(d.path)
+		if err != nil {
+			return nil, err
+		}
+		names, err = f.Readdirnames(-1)
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	old := d.entries
+	d.entries = make(map[string]*entry, len(names))
+	var shown []*entry
+	for _, name := range names {
+		e := d.classify(name, old[name])
+		if e == nil {
+			continue
+		}
+		d.entries[name] = e
+		if !e.hidden {
+			shown = append(shown, e)
+		}
+	}
+
+	srcs := make([]string, len(shown))
+	isImage := make([]bool, len(shown))
+	for i, e := range shown {
+		srcs[i], isImage[i] = e.src, e.kind == kindImage
+	}
+	out := make(map[string]*entry, len(shown))
+	for i, name := range assignNames(srcs, isImage) {
+		e := shown[i]
+		if name == "" {
+			if !e.clashed {
+				d.m.log.Warn("image not shown: its name and its fallback name are both taken", "image", e.path)
+			}
+			e.clashed = true
+			continue
+		}
+		e.clashed = false
+		e.exposed = name
+		out[name] = e
+	}
+	return out, nil
+}
+
+// classify stats one source entry and, for a new or changed qcow2 image,
+// validates it. It returns nil for entries that do not exist any more.
+func (d *dirNode) classify(name string, old *entry) *entry {
+	path := filepath.Join(d.path, name)
+	var st syscall.Stat_t
+	if err := syscall.Lstat(path, &st); err != nil {
+		return nil
+	}
+	if st.Mode&syscall.S_IFMT == syscall.S_IFLNK {
+		// Follow symlinks only to what lies inside the source folder:
+		// nothing outside what the user mounted is ever served.
+		target, err := filepath.EvalSymlinks(path)
+		if err != nil || !inside(target, d.m.root) {
+			if old == nil || old.kind != kindPlain || !old.hidden {
+				d.m.log.Warn("symlink not shown: it does not resolve inside the source folder", "path", path)
+			}
+			return &entry{src: name, path: path, kind: kindPlain, hidden: true}
+		}
+		if err := syscall.Stat(target, &st); err != nil {
+			return nil
+		}
+		path = target
+	}
+	v := versionOf(&st)
+	if old != nil && old.v == v && old.path == path {
+		return old
+	}
+	e := &entry{src: name, path: path, v: v, st: st, size: st.Size}
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		e.kind = kindDir
+		e.size = 0
+	case syscall.S_IFREG:
+		e.kind = kindPlain
+		if ok, _ := qcow2.IsQcow2(path); ok {
+			e.kind = kindImage
+			d.validate(e)
+		}
+	default:
+		// Devices, fifos and sockets are not shown: reading a fifo
+		// would block a reader forever.
+		e.hidden = true
+	}
+	return e
+}
+
+// validate opens the image once to check it and learn its size.
+func (d *dirNode) validate(e *entry) {
+	img, err := qcow2.Open(e.path, d.m.imageOptions())
+	if err != nil {
+		e.hidden = true
+		d.m.log.Error("image not shown", "image", e.path, "reason", err.Error())
+		return
+	}
+	e.size = img.Size()
+	img.Close()
+}
+
+// inside reports whether path is root or lies below it.
+func inside(path, root string) bool {
+	return path == root || root == "/" || strings.HasPrefix(path, root+"/")
+}
+
+// Lookup finds name in the source folder as it is now.
+func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	entries, err := d.list()
+	if err != nil {
+		return nil, gofs.ToErrno(err)
+	}
+	d.forgetStale(entries)
+	e := entries[name]
+	if e == nil {
+		return nil, syscall.ENOENT
+	}
+	var node gofs.InodeEmbedder
+	stable := gofs.StableAttr{Ino: e.v.inode()}
+	switch e.kind {
+	case kindDir:
+		node = &dirNode{m: d.m, path: e.path}
+		stable.Mode = syscall.S_IFDIR
+	case kindImage:
+		node = &imageNode{m: d.m, path: e.path, v: e.v, size: e.size}
+		stable.Mode, stable.Gen = syscall.S_IFREG, e.v.generation()
+		out.SetAttrTimeout(imageAttrTimeout)
+	default:
+		node = &plainNode{m: d.m, path: e.path, v: e.v}
+		stable.Mode, stable.Gen = syscall.S_IFREG, e.v.generation()
+	}
+	fillAttr(&out.Attr, e)
+	return d.NewInode(ctx, node, stable), 0
+}
+
+// forgetStale drops children whose source entry went away or changed, and
+// tells the kernel to forget the name. The kernel holds the folder's lock
+// while it waits for this request, so the notification is sent from
+// another goroutine.
+func (d *dirNode) forgetStale(entries map[string]*entry) {
+	for name, child := range d.Children() {
+		e := entries[name]
+		if e != nil && e.v.inode() == child.StableAttr().Ino &&
+			(e.kind == kindDir || e.v.generation() == child.StableAttr().Gen) {
+			continue
+		}
+		d.RmChild(name)
+		go d.NotifyEntry(name)
+	}
+}
+
+// Readdir lists the source folder as it is now.
+func (d *dirNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	entries, err := d.list()
+	if err != nil {
+		return nil, gofs.ToErrno(err)
+	}
+	d.forgetStale(entries)
+	list := make([]fuse.DirEntry, 0, len(entries))
+	for name, e := range entries {
+		mode := uint32(syscall.S_IFREG)
+		if e.kind == kindDir {
+			mode = syscall.S_IFDIR
+		}
+		list = append(list, fuse.DirEntry{Name: name, Mode: mode, Ino: e.v.inode()})
+	}
+	return gofs.NewListDirStream(list), 0
+}
+
+// Getattr reports the source folder's attributes, without write bits.
+func (d *dirNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	var st syscall.Stat_t
+	if err := syscall.Stat(d.path, &st); err != nil {
+		return gofs.ToErrno(err)
+	}
+	e := &entry{kind: kindDir, st: st, v: versionOf(&st)}
+	fillAttr(&out.Attr, e)
+	if d.IsRoot() {
+		out.Ino = 1
+	}
+	return 0
+}
+
+// fillAttr sets the attributes shown for e: the source file's owner,
+// times and permission bits without write permission, and for images the
+// virtual size.
+func fillAttr(a *fuse.Attr, e *entry) {
+	a.FromStat(&e.st)
+	a.Ino = e.v.inode()
+	a.Mode = e.st.Mode&^0o222&^syscall.S_IFMT | syscall.S_IFREG
+	if e.kind == kindDir {
+		a.Mode = e.st.Mode&^0o222&^syscall.S_IFMT | syscall.S_IFDIR
+	}
+	a.Size = uint64(e.size)
+	if e.kind == kindImage {
+		// st_blocks is refined by block status; until then, claim
+		// the whole disk as allocated, like a raw file would.
+		a.Blocks = (uint64(e.size) + 511) / 512
+		a.Nlink = 1
+	}
+	a.Blksize = 1 << 16
+}

@@ -1,0 +1,233 @@
+// Package fs presents a folder of qcow2 images as a FUSE file system of raw
+// disk files. It knows FUSE and the naming rule; everything about the image
+// format comes from package qcow2.
+//
+// The tree mirrors the source folder: folders are folders, qcow2 images
+// (found by their magic bytes) are read-only raw files of the image's
+// virtual size (see names.go for how they are named), other regular files
+// appear unchanged, read-only. The source is read again on every lookup
+// and listing, so files added or removed while mounted appear and
+// disappear.
+package fs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/bits"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/qcowfs/qcowfs/qcow2"
+)
+
+// Config is what a mount needs to know.
+type Config struct {
+	// Source is a folder, or a single image file, to present.
+	Source string
+	// Image options for every image; Cache should be set so that all
+	// images share one table cache.
+	Image qcow2.Options
+	// Log receives one line per refused image and per image whose reads
+	// fail. Nil means slog.Default().
+	Log *slog.Logger
+}
+
+// Timeouts the kernel may cache entries and attributes for. Folders can
+// change under us, so their entries are cached briefly; an image node
+// stands for one version of one file (its generation number changes when
+// the file does), so its attributes never change.
+const (
+	entryTimeout     = time.Second
+	dirAttrTimeout   = time.Second
+	imageAttrTimeout = time.Hour
+)
+
+// mount is the state shared by every node of one mount.
+type mount struct {
+	cfg  Config
+	log  *slog.Logger
+	root string // the source folder, after symlinks
+
+	mu     sync.Mutex             // guards images
+	images map[version]*openImage // images with open handles
+}
+
+// NewRoot returns the root node for cfg.Source and the options the mount
+// should use.
+func NewRoot(cfg Config) (gofs.InodeEmbedder, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Image.Cache == nil {
+		cfg.Image.Cache = qcow2.NewCache(qcow2.DefaultCacheSize)
+	}
+	src, err := filepath.Abs(cfg.Source)
+	if err != nil {
+		return nil, err
+	}
+	src, err = filepath.EvalSymlinks(src)
+	if err != nil {
+		return nil, err
+	}
+	st, err := os.Stat(src)
+	if err != nil {
+		return nil, err
+	}
+	m := &mount{cfg: cfg, log: cfg.Log, images: map[version]*openImage{}}
+	if st.IsDir() {
+		m.root = src
+		// Backing files must stay inside what the user mounted, plus
+		// whatever else the caller allows.
+		m.cfg.Image.AllowedDirs = append([]string{src}, cfg.Image.AllowedDirs...)
+		return &dirNode{m: m, path: src}, nil
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a folder or a regular file", cfg.Source)
+	}
+	// A single file: a folder holding just that file.
+	m.root = filepath.Dir(src)
+	m.cfg.Image.AllowedDirs = append([]string{m.root}, cfg.Image.AllowedDirs...)
+	return &dirNode{m: m, path: m.root, only: filepath.Base(src)}, nil
+}
+
+// Options returns go-fuse options suited to a read-only image mount.
+func Options() *gofs.Options {
+	et, at := entryTimeout, dirAttrTimeout
+	neg := time.Duration(0)
+	return &gofs.Options{
+		EntryTimeout:    &et,
+		AttrTimeout:     &at,
+		NegativeTimeout: &neg,
+		MountOptions: fuse.MountOptions{
+			FsName:        "qcowfs",
+			Name:          "qcowfs",
+			DirectMount:   true,
+			MaxWrite:      1 << 20,
+			MaxReadAhead:  1 << 20,
+			MaxBackground: 64,
+			Options:       []string{"ro", "default_permissions"},
+		},
+	}
+}
+
+// version identifies one version of one file: if any part changes, the
+// file is treated as a different one.
+type version struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime int64 // nanoseconds
+}
+
+func versionOf(st *syscall.Stat_t) version {
+	return version{
+		dev: st.Dev, ino: st.Ino, size: st.Size,
+		mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(),
+	}
+}
+
+// ino is the inode number shown for the file: the host inode number with
+// the device mixed into the bits that host inode numbers rarely reach, so
+// files of different file systems under the source rarely collide.
+func (v version) inode() uint64 { return v.ino ^ bits.RotateLeft64(v.dev, 40) }
+
+// gen is the generation number: it changes whenever the file does.
+func (v version) generation() uint64 {
+	h := uint64(v.size)*0x9e3779b97f4a7c15 ^ uint64(v.mtime)*0xbf58476d1ce4e5b9 ^ uint64(v.ctime)*0x94d049bb133111eb
+	return h | 1
+}
+
+// openImage is an image with open FUSE handles, shared by all of them.
+type openImage struct {
+	img    *qcow2.Image
+	refs   int
+	path   string
+	failed bool // a read failed; logged once
+	mu     sync.Mutex
+}
+
+// acquire returns the open image for the file version v at path, opening
+// it if no handle has it open. Every acquire is paired with a release.
+func (m *mount) acquire(path string, v version) (*openImage, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if oi := m.images[v]; oi != nil {
+		oi.refs++
+		return oi, nil
+	}
+	img, err := qcow2.Open(path, m.imageOptions())
+	if err != nil {
+		return nil, err
+	}
+	// The file may have changed since it was looked up.
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(img.File().Fd()), &st); err != nil || versionOf(&st) != v {
+		img.Close()
+		return nil, syscall.ESTALE
+	}
+	oi := &openImage{img: img, refs: 1, path: path}
+	m.images[v] = oi
+	return oi, nil
+}
+
+func (m *mount) release(v version, oi *openImage) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	oi.refs--
+	if oi.refs == 0 {
+		delete(m.images, v)
+		oi.img.Close()
+	}
+}
+
+func (m *mount) imageOptions() qcow2.Options {
+	o := m.cfg.Image
+	o.Warnf = func(format string, args ...any) { m.log.Warn(fmt.Sprintf(format, args...)) }
+	return o
+}
+
+// readFailed logs a failed read once per open image, and maps the error.
+func (m *mount) readFailed(oi *openImage, off int64, err error) syscall.Errno {
+	oi.mu.Lock()
+	first := !oi.failed
+	oi.failed = true
+	oi.mu.Unlock()
+	if first {
+		m.log.Error("read failed; further read errors of this image are not logged",
+			"image", oi.path, "offset", off, "err", err)
+	}
+	return errnoOf(err)
+}
+
+// errnoOf maps a library error to the errno a reader sees: corrupt or
+// unreadable metadata is EIO.
+func errnoOf(err error) syscall.Errno {
+	var errno syscall.Errno
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &errno):
+		return errno
+	default:
+		return syscall.EIO
+	}
+}
+
+var _ = (gofs.NodeStatfser)((*dirNode)(nil))
+
+// Statfs reports the source file system's numbers.
+func (d *dirNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(d.path, &st); err != nil {
+		return gofs.ToErrno(err)
+	}
+	out.FromStatfsT(&st)
+	return 0
+}

@@ -1,0 +1,81 @@
+package qcow2
+
+import (
+	"syscall"
+)
+
+// Info is the summary `qemu-img info --output=json` prints for a qcow2
+// image, with the same JSON field names, so scripts written for qemu-img
+// read it unchanged.
+type Info struct {
+	VirtualSize           int64          `json:"virtual-size"`
+	Filename              string         `json:"filename"`
+	Format                string         `json:"format"`
+	ClusterSize           int64          `json:"cluster-size"`
+	ActualSize            int64          `json:"actual-size"`
+	DirtyFlag             bool           `json:"dirty-flag"`
+	BackingFilename       string         `json:"backing-filename,omitempty"`
+	FullBackingFilename   string         `json:"full-backing-filename,omitempty"`
+	BackingFilenameFormat string         `json:"backing-filename-format,omitempty"`
+	FormatSpecific        FormatSpecific `json:"format-specific"`
+}
+
+// FormatSpecific is qemu's "format-specific" object.
+type FormatSpecific struct {
+	Type string       `json:"type"`
+	Data Qcow2Details `json:"data"`
+}
+
+// Qcow2Details is the qcow2 part of Info. Fields qemu prints only for
+// version 3 images are pointers, nil for version 2.
+type Qcow2Details struct {
+	Compat          string `json:"compat"`
+	CompressionType string `json:"compression-type"`
+	LazyRefcounts   *bool  `json:"lazy-refcounts,omitempty"`
+	RefcountBits    int    `json:"refcount-bits"`
+	DataFile        string `json:"data-file,omitempty"`
+	DataFileRaw     *bool  `json:"data-file-raw,omitempty"`
+	Corrupt         *bool  `json:"corrupt,omitempty"`
+	ExtendedL2      *bool  `json:"extended-l2,omitempty"`
+}
+
+// Info returns the image's summary.
+func (img *Image) Info() Info {
+	l := img.top
+	h := l.hdr
+	info := Info{
+		VirtualSize: l.size,
+		Filename:    l.name,
+		Format:      "qcow2",
+		ClusterSize: l.clusterSize(),
+		DirtyFlag:   h.IncompatibleFeatures&IncompatDirty != 0,
+		FormatSpecific: FormatSpecific{Type: "qcow2", Data: Qcow2Details{
+			Compat:          "0.10",
+			CompressionType: h.CompressionName(),
+			RefcountBits:    1 << h.RefcountOrder,
+		}},
+	}
+	var st syscall.Stat_t
+	if syscall.Fstat(int(l.file.Fd()), &st) == nil {
+		info.ActualSize = st.Blocks * 512
+	}
+	if h.BackingFile != "" {
+		info.BackingFilename = h.BackingFile
+		info.FullBackingFilename = FullBackingName(l.name, h.BackingFile)
+		info.BackingFilenameFormat = h.BackingFormat
+	}
+	if h.Version >= 3 {
+		d := &info.FormatSpecific.Data
+		d.Compat = "1.1"
+		d.LazyRefcounts = ptr(h.CompatibleFeatures&CompatLazyRefcounts != 0)
+		d.Corrupt = ptr(h.IncompatibleFeatures&IncompatCorrupt != 0)
+		d.ExtendedL2 = ptr(h.ExtendedL2())
+		if h.DataFile != "" {
+			d.DataFile = h.DataFile
+			d.DataFileRaw = ptr(h.AutoclearFeatures&AutoclearDataFileRaw != 0)
+		}
+	}
+	return info
+}
+
+func ptr[T any](v T) *T { return &v }

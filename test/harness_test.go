@@ -1,0 +1,147 @@
+package test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/qcowfs/qcowfs/test/qemu"
+)
+
+// qcowfsBin is the qcowfs binary under test, built once by TestMain.
+var qcowfsBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "qcowfs-test-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	qcowfsBin = filepath.Join(dir, "qcowfs")
+	build := exec.Command("go", "build", "-o", qcowfsBin, "../cmd/qcowfs")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building qcowfs:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// requireFUSE fails (under CI) or skips the test unless it can mount:
+// root, /dev/fuse, and qemu-utils for making images.
+func requireFUSE(t testing.TB) {
+	t.Helper()
+	fail := t.Skipf
+	if os.Getenv("CI") == "true" {
+		fail = t.Fatalf
+	}
+	if os.Geteuid() != 0 {
+		fail("needs root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		fail("needs /dev/fuse: %v", err)
+	}
+	qemu.Require(t, "qemu-img", "qemu-io")
+}
+
+// qcowfs runs the binary and returns its combined output and error.
+func qcowfs(args ...string) (string, error) {
+	out, err := exec.Command(qcowfsBin, args...).CombinedOutput()
+	return string(out), err
+}
+
+// A mount is a live qcowfs mount made by a test.
+type mount struct {
+	Dir string // the mount point
+	Log string // the daemon's log file
+}
+
+// mountImages mounts src with `qcowfs mount` (as a daemon, the way users
+// run it) and unmounts it when the test ends, even if it fails.
+func mountImages(t testing.TB, src string, args ...string) *mount {
+	t.Helper()
+	requireFUSE(t)
+	m := &mount{Dir: t.TempDir(), Log: filepath.Join(t.TempDir(), "qcowfs.log")}
+	all := append([]string{"mount", "--log-file", m.Log, "--log-level", "debug"}, args...)
+	out, err := qcowfs(append(all, src, m.Dir)...)
+	if err != nil {
+		t.Fatalf("qcowfs mount %s: %v\n%s", src, err, out)
+	}
+	t.Cleanup(func() { m.unmount(t) })
+	return m
+}
+
+// unmount unmounts, detaching lazily if something still holds the mount
+// so that a failing test cannot leave it behind.
+func (m *mount) unmount(t testing.TB) {
+	if !isMounted(m.Dir) {
+		return
+	}
+	if out, err := qcowfs("unmount", m.Dir); err != nil {
+		t.Logf("qcowfs unmount %s: %v %s; detaching", m.Dir, err, out)
+		exec.Command("umount", "-l", m.Dir).Run()
+	}
+}
+
+// logText returns the daemon's log so far.
+func (m *mount) logText(t testing.TB) string {
+	b, err := os.ReadFile(m.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func isMounted(dir string) bool {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+			return true
+		}
+	}
+	return false
+}
+
+// waitFor polls cond until it holds or the deadline passes: for conditions
+// that an outside actor (the kernel, udev) makes true asynchronously.
+func waitFor(t testing.TB, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// sameFile compares two files byte by byte, reading both in chunks, and
+// reports the first difference.
+func sameFile(t testing.TB, got, want string) {
+	t.Helper()
+	a, err := os.ReadFile(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a) != len(b) {
+		t.Fatalf("%s is %d bytes, %s is %d", got, len(a), want, len(b))
+	}
+	if !bytes.Equal(a, b) {
+		for i := range a {
+			if a[i] != b[i] {
+				t.Fatalf("%s differs from %s at byte %d: %#x != %#x", got, want, i, a[i], b[i])
+			}
+		}
+	}
+}
