@@ -1,0 +1,252 @@
+package test
+
+import (
+	"encoding/binary"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/qcowfs/qcowfs/test/qemu"
+)
+
+// names lists a folder of the mount.
+func names(t testing.TB, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// virtualSize asks qemu-img for an image's virtual size.
+func virtualSize(t testing.TB, image string) int64 {
+	t.Helper()
+	return int64(qemu.Info(t, image)["virtual-size"].(float64))
+}
+
+// TestTreeMirrorsSource checks the naming rule, recursion, plain files,
+// sizes, times, permissions and inode numbers through a real mount.
+func TestTreeMirrorsSource(t *testing.T) {
+	requireFUSE(t)
+	src := qemu.TempDir(t)
+	for _, p := range []string{"a.qcow2", "disk", "vm.qcow2", "vm.img", "sub/deep/x.QCOW2"} {
+		os.MkdirAll(filepath.Dir(filepath.Join(src, p)), 0o755)
+		qemu.Create(t, "qcow2", filepath.Join(src, p), "3M")
+	}
+	qemu.IO(t, filepath.Join(src, "a.qcow2"), "write -P 0x5a 0 64k")
+	os.WriteFile(filepath.Join(src, "notes.txt"), []byte("hello\n"), 0o640)
+	// Named like an image but not one: shown unchanged.
+	os.WriteFile(filepath.Join(src, "fake.qcow2"), []byte("not qcow2"), 0o644)
+
+	m := mountImages(t, src)
+
+	// vm.img and vm.qcow2 both want vm.raw: vm.img comes first in byte
+	// order and gets it; vm.qcow2 falls back to vm.qcow2.raw.
+	want := []string{"a.raw", "disk.raw", "fake.qcow2", "notes.txt", "sub", "vm.qcow2.raw", "vm.raw"}
+	if got := names(t, m.Dir); !slices.Equal(got, want) {
+		t.Fatalf("mount lists %q, want %q", got, want)
+	}
+	if got := names(t, filepath.Join(m.Dir, "sub/deep")); !slices.Equal(got, []string{"x.raw"}) {
+		t.Fatalf("sub/deep lists %q", got)
+	}
+
+	for exposed, source := range map[string]string{"a.raw": "a.qcow2", "vm.raw": "vm.img", "sub/deep/x.raw": "sub/deep/x.QCOW2"} {
+		var st, sst syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(m.Dir, exposed), &st); err != nil {
+			t.Fatal(err)
+		}
+		syscall.Stat(filepath.Join(src, source), &sst)
+		if st.Size != virtualSize(t, filepath.Join(src, source)) {
+			t.Errorf("%s: size %d, qemu-img says %d", exposed, st.Size, virtualSize(t, filepath.Join(src, source)))
+		}
+		if st.Mode&syscall.S_IFMT != syscall.S_IFREG || st.Mode&0o222 != 0 {
+			t.Errorf("%s: mode %o, want a regular file without write bits", exposed, st.Mode)
+		}
+		if st.Mode&0o555 != sst.Mode&0o555 {
+			t.Errorf("%s: mode %o, source has %o", exposed, st.Mode&0o777, sst.Mode&0o777)
+		}
+		if st.Mtim != sst.Mtim {
+			t.Errorf("%s: mtime %v, source has %v", exposed, st.Mtim, sst.Mtim)
+		}
+	}
+	notes, err := os.ReadFile(filepath.Join(m.Dir, "notes.txt"))
+	if err != nil || string(notes) != "hello\n" {
+		t.Fatalf("notes.txt = %q, %v", notes, err)
+	}
+	if _, err := os.OpenFile(filepath.Join(m.Dir, "a.raw"), os.O_WRONLY, 0); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("opening a.raw for writing: %v, want EROFS", err)
+	}
+	if err := os.WriteFile(filepath.Join(m.Dir, "new.txt"), nil, 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("creating a file: %v, want EROFS", err)
+	}
+
+	// Inode numbers are stable: the same after a remount.
+	inode := func(dir string) uint64 {
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(dir, "a.raw"), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino
+	}
+	before := inode(m.Dir)
+	m.unmount(t)
+	m2 := mountImages(t, src)
+	if after := inode(m2.Dir); after != before {
+		t.Errorf("a.raw inode %d, %d after a remount", before, after)
+	}
+}
+
+// TestTreeFollowsChanges adds and removes images while mounted.
+func TestTreeFollowsChanges(t *testing.T) {
+	requireFUSE(t)
+	src := qemu.TempDir(t)
+	qemu.Create(t, "qcow2", filepath.Join(src, "one.qcow2"), "1M")
+	m := mountImages(t, src)
+	if got := names(t, m.Dir); !slices.Equal(got, []string{"one.raw"}) {
+		t.Fatalf("lists %q", got)
+	}
+
+	qemu.Create(t, "qcow2", filepath.Join(src, "two.qcow2"), "2M")
+	qemu.IO(t, filepath.Join(src, "two.qcow2"), "write -P 0x42 4096 4096")
+	if got := names(t, m.Dir); !slices.Equal(got, []string{"one.raw", "two.raw"}) {
+		t.Fatalf("after adding two.qcow2, lists %q", got)
+	}
+	sameFile(t, filepath.Join(m.Dir, "two.raw"), qemu.ToRaw(t, filepath.Join(src, "two.qcow2"), filepath.Join(t.TempDir(), "two")))
+
+	// An image rewritten in place is a new file: it reads its new bytes.
+	qemu.IO(t, filepath.Join(src, "two.qcow2"), "write -P 0x43 0 8192")
+	names(t, m.Dir)
+	sameFile(t, filepath.Join(m.Dir, "two.raw"), qemu.ToRaw(t, filepath.Join(src, "two.qcow2"), filepath.Join(t.TempDir(), "two")))
+
+	os.Remove(filepath.Join(src, "one.qcow2"))
+	if got := names(t, m.Dir); !slices.Equal(got, []string{"two.raw"}) {
+		t.Fatalf("after removing one.qcow2, lists %q", got)
+	}
+	if f, err := os.Open(filepath.Join(m.Dir, "one.raw")); err == nil {
+		f.Close()
+		t.Fatal("one.raw still opens after its image was removed")
+	}
+}
+
+// corruptFirstL2Entry points the first L2 entry of a qcow2 image at a host
+// cluster far past the end of the file, keeping the flags.
+func corruptFirstL2Entry(t testing.TB, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var b [8]byte
+	read := func(off int64) uint64 {
+		if _, err := f.ReadAt(b[:], off); err != nil {
+			t.Fatal(err)
+		}
+		return binary.BigEndian.Uint64(b[:])
+	}
+	l1 := read(40) // l1_table_offset
+	l2 := read(int64(l1)) & 0x00fffffffffffe00
+	binary.BigEndian.PutUint64(b[:], 1<<63|1<<40)
+	if _, err := f.WriteAt(b[:], int64(l2)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// countLines counts the lines of text that contain s.
+func countLines(text, s string) int {
+	n := 0
+	for _, line := range strings.Split(text, "\n") {
+		if strings.Contains(line, s) {
+			n++
+		}
+	}
+	return n
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+// TestBadImages checks that an image that fails validation is not shown
+// (one log line naming it), and that reads hitting corrupt metadata fail
+// with EIO for that read only, logged once, while other images read fine.
+func TestBadImages(t *testing.T) {
+	requireFUSE(t)
+	src := qemu.TempDir(t)
+	good := filepath.Join(src, "good.qcow2")
+	qemu.Create(t, "qcow2", good, "4M")
+	qemu.IO(t, good, "write -P 0x61 0 1M")
+
+	// cluster_bits = 40: refused at open.
+	badHeader := filepath.Join(src, "badheader.qcow2")
+	qemu.Create(t, "qcow2", badHeader, "4M")
+	f, _ := os.OpenFile(badHeader, os.O_RDWR, 0)
+	f.WriteAt([]byte{0, 0, 0, 40}, 20)
+	f.Close()
+
+	// The first cluster's L2 entry points past the end of the file.
+	badL2 := filepath.Join(src, "badl2.qcow2")
+	qemu.Create(t, "qcow2", badL2, "4M")
+	qemu.IO(t, badL2, "write -P 0x62 0 256k")
+	// What qemu reads of it before the damage, for the intact part.
+	pristine, err := os.ReadFile(qemu.ToRaw(t, badL2, filepath.Join(t.TempDir(), "pristine")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	corruptFirstL2Entry(t, badL2)
+	// The oracle: qemu-img check calls it corrupt (exit status 2). (qemu
+	// itself would read zeros there, as its file driver pads reads past
+	// the end of the file; qcowfs fails the read instead of inventing
+	// data for a cluster the image does not hold.)
+	if err := exec.Command("qemu-img", "check", badL2).Run(); exitCode(err) != 2 {
+		t.Fatalf("qemu-img check on the damaged image: %v, want exit status 2", err)
+	}
+
+	m := mountImages(t, src)
+	if got := names(t, m.Dir); !slices.Equal(got, []string{"badl2.raw", "good.raw"}) {
+		t.Fatalf("lists %q, want the refused image hidden", got)
+	}
+	names(t, m.Dir) // listing again must not log again
+	log := m.logText(t)
+	if n := countLines(log, "badheader.qcow2"); n != 1 || !strings.Contains(log, "cluster_bits") {
+		t.Errorf("want exactly one log line naming badheader.qcow2 and cluster_bits, got %d:\n%s", n, log)
+	}
+
+	bad, err := os.Open(filepath.Join(m.Dir, "badl2.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	buf := make([]byte, 4096)
+	for i := 0; i < 3; i++ {
+		if _, err := bad.ReadAt(buf, 0); !errors.Is(err, syscall.EIO) {
+			t.Fatalf("reading the corrupt cluster: %v, want EIO", err)
+		}
+	}
+	// The rest of that image still reads, and so does the good one.
+	if _, err := bad.ReadAt(buf, 128<<10); err != nil || !slices.Equal(buf, pristine[128<<10:132<<10]) {
+		t.Errorf("reading an intact cluster of the damaged image: %v, or wrong bytes", err)
+	}
+	sameFile(t, filepath.Join(m.Dir, "good.raw"), qemu.ToRaw(t, good, filepath.Join(t.TempDir(), "good")))
+	if n := countLines(m.logText(t), "read failed"); n != 1 {
+		t.Errorf("want one 'read failed' log line for badl2, got %d:\n%s", n, m.logText(t))
+	}
+}
