@@ -18,19 +18,19 @@ const cacheShards = 16
 // of a mount, so the daemon's memory is bounded by it whatever the number
 // or size of the images.
 //
-// The cache is sharded by key. A hit takes only its shard's read lock and
-// sets the entry's reference bit atomically; no request takes an exclusive
-// lock on a hit. A miss takes the shard's write lock to insert a
-// placeholder, loads the table outside any lock, and publishes it by
-// closing the placeholder's ready channel, so concurrent readers of the same
-// table wait for one load instead of each reading it. Eviction is CLOCK
-// (second chance) within a shard, under the shard's write lock.
+// Lookups go through a sync.Map, whose reads take no lock, and a hit only
+// sets the entry's reference bit (an atomic store, skipped when the bit is
+// already set), so requests on different cores do not serialize on a hit.
+// A miss publishes a placeholder with LoadOrStore, loads the table outside
+// any lock and closes the placeholder's ready channel: concurrent readers
+// of one table wait for a single load. Eviction is CLOCK (second chance)
+// over per-shard rings; each ring is guarded by its shard's mutex, which
+// only misses take.
 type Cache struct {
 	seed      maphash.Seed
+	m         sync.Map // cacheKey -> *cacheEntry
 	shards    [cacheShards]cacheShard
 	nextOwner atomic.Uint64
-
-	hits, misses atomic.Uint64
 }
 
 // cacheKey names a table: which layer (owner) and where in its file.
@@ -40,22 +40,24 @@ type cacheKey struct {
 }
 
 type cacheEntry struct {
-	key   cacheKey
-	table []uint64
-	err   error
-	ready chan struct{} // closed once table or err is set
-	ref   atomic.Bool   // CLOCK reference bit
+	key    cacheKey
+	table  []uint64
+	err    error
+	ready  chan struct{} // closed once table or err is set
+	loaded atomic.Bool   // set with ready, read without touching the channel
+	ref    atomic.Bool   // CLOCK reference bit
 }
 
-// cacheShard: mu guards m, ring, hand and bytes. Entries' table and err
-// are written once before ready is closed and only read after.
+// cacheShard: mu guards ring, hand and bytes.
 type cacheShard struct {
-	mu       sync.RWMutex
-	m        map[cacheKey]*cacheEntry
+	mu       sync.Mutex
 	ring     []*cacheEntry
 	hand     int
 	bytes    int64
 	capacity int64
+
+	hits, misses atomic.Uint64
+	_            [64]byte // keep shards' counters on separate cache lines
 }
 
 // NewCache returns a cache holding at most size bytes of tables (at least
@@ -63,7 +65,6 @@ type cacheShard struct {
 func NewCache(size int64) *Cache {
 	c := &Cache{seed: maphash.MakeSeed()}
 	for i := range c.shards {
-		c.shards[i].m = make(map[cacheKey]*cacheEntry)
 		c.shards[i].capacity = size / cacheShards
 	}
 	return c
@@ -73,7 +74,13 @@ func NewCache(size int64) *Cache {
 func (c *Cache) newOwner() uint64 { return c.nextOwner.Add(1) }
 
 // Stats returns the number of hits and misses so far.
-func (c *Cache) Stats() (hits, misses uint64) { return c.hits.Load(), c.misses.Load() }
+func (c *Cache) Stats() (hits, misses uint64) {
+	for i := range c.shards {
+		hits += c.shards[i].hits.Load()
+		misses += c.shards[i].misses.Load()
+	}
+	return hits, misses
+}
 
 func (c *Cache) shard(k cacheKey) *cacheShard {
 	return &c.shards[maphash.Comparable(c.seed, k)%cacheShards]
@@ -82,58 +89,54 @@ func (c *Cache) shard(k cacheKey) *cacheShard {
 // get returns the table for k, calling load to read it on a miss. A failed
 // load is not cached: the next get tries again.
 func (c *Cache) get(k cacheKey, load func() ([]uint64, error)) ([]uint64, error) {
-	s := c.shard(k)
-	s.mu.RLock()
-	e := s.m[k]
-	s.mu.RUnlock()
-	if e != nil {
-		e.ref.Store(true)
-		<-e.ready
+	for {
+		v, ok := c.m.Load(k)
+		if !ok {
+			break
+		}
+		e := v.(*cacheEntry)
+		if !e.ref.Load() {
+			e.ref.Store(true)
+		}
+		if !e.loaded.Load() {
+			<-e.ready
+		}
 		if e.err == nil {
-			c.hits.Add(1)
+			c.shard(k).hits.Add(1)
 			return e.table, nil
 		}
-		// Fall through: the load that published this error has
-		// already removed the entry; try once ourselves.
+		// The load that published this error removes the entry;
+		// wait for that, then try ourselves.
+		c.m.CompareAndDelete(k, e)
 	}
 
-	s.mu.Lock()
-	if e = s.m[k]; e != nil {
-		s.mu.Unlock()
-		e.ref.Store(true)
-		<-e.ready
-		if e.err == nil {
-			c.hits.Add(1)
-		}
-		return e.table, e.err
+	e := &cacheEntry{key: k, ready: make(chan struct{})}
+	if _, loaded := c.m.LoadOrStore(k, e); loaded {
+		// Lost the race to another miss: share its load.
+		return c.get(k, load)
 	}
-	e = &cacheEntry{key: k, ready: make(chan struct{})}
-	s.m[k] = e
-	s.mu.Unlock()
-
-	c.misses.Add(1)
+	s := c.shard(k)
+	s.misses.Add(1)
 	table, err := load()
 	e.table, e.err = table, err
+	e.loaded.Store(true)
 	close(e.ready)
-
-	s.mu.Lock()
 	if err != nil {
-		if s.m[k] == e {
-			delete(s.m, k)
-		}
-	} else if s.m[k] == e {
-		s.insert(e)
+		c.m.CompareAndDelete(k, e)
+		return nil, err
 	}
+	s.mu.Lock()
+	s.insert(c, e)
 	s.mu.Unlock()
-	return table, err
+	return table, nil
 }
 
 // insert adds a loaded entry to the CLOCK ring, evicting others until the
 // shard is within its budget. Called with s.mu held.
-func (s *cacheShard) insert(e *cacheEntry) {
+func (s *cacheShard) insert(c *Cache, e *cacheEntry) {
 	size := int64(len(e.table)) * 8
 	for s.bytes+size > s.capacity && len(s.ring) > 0 {
-		s.evictOne()
+		s.evictOne(c)
 	}
 	s.ring = append(s.ring, e)
 	s.bytes += size
@@ -141,7 +144,7 @@ func (s *cacheShard) insert(e *cacheEntry) {
 
 // evictOne advances the clock hand to the first entry whose reference bit
 // is clear, clearing bits as it passes, and removes that entry.
-func (s *cacheShard) evictOne() {
+func (s *cacheShard) evictOne(c *Cache) {
 	for {
 		if s.hand >= len(s.ring) {
 			s.hand = 0
@@ -151,14 +154,21 @@ func (s *cacheShard) evictOne() {
 			s.hand++
 			continue
 		}
-		last := len(s.ring) - 1
-		s.ring[s.hand] = s.ring[last]
-		s.ring[last] = nil
-		s.ring = s.ring[:last]
-		delete(s.m, e.key)
-		s.bytes -= int64(len(e.table)) * 8
+		s.removeAt(c, s.hand)
 		return
 	}
+}
+
+// removeAt drops ring entry i from the ring and the map. Called with s.mu
+// held.
+func (s *cacheShard) removeAt(c *Cache, i int) {
+	e := s.ring[i]
+	last := len(s.ring) - 1
+	s.ring[i] = s.ring[last]
+	s.ring[last] = nil
+	s.ring = s.ring[:last]
+	c.m.CompareAndDelete(e.key, e)
+	s.bytes -= int64(len(e.table)) * 8
 }
 
 // drop removes every table of owner; it is called when a layer is closed.
@@ -167,13 +177,8 @@ func (c *Cache) drop(owner uint64) {
 		s := &c.shards[i]
 		s.mu.Lock()
 		for j := 0; j < len(s.ring); {
-			if e := s.ring[j]; e.key.owner == owner {
-				last := len(s.ring) - 1
-				s.ring[j] = s.ring[last]
-				s.ring[last] = nil
-				s.ring = s.ring[:last]
-				delete(s.m, e.key)
-				s.bytes -= int64(len(e.table)) * 8
+			if s.ring[j].key.owner == owner {
+				s.removeAt(c, j)
 				continue
 			}
 			j++

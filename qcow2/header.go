@@ -310,6 +310,9 @@ func (r *headerReader) checkTables(h *Header) error {
 		return r.bad("size", h.Size, 24, "virtual size too large")
 	}
 	needL1 := (h.Size + l1Span - 1) / l1Span
+	if needL1 > maxL1Bytes/8 {
+		return r.bad("size", h.Size, 24, "image too big: it needs %d L1 entries, more than the %d qemu allows", needL1, maxL1Bytes/8)
+	}
 	if uint64(h.L1Size) < needL1 {
 		return r.bad("l1_size", uint64(h.L1Size), 36, "L1 table too small: %d entries needed for virtual size %d", needL1, h.Size)
 	}
@@ -327,10 +330,8 @@ func (r *headerReader) checkTables(h *Header) error {
 	if h.NbSnapshots > maxSnapshots {
 		return r.bad("nb_snapshots", uint64(h.NbSnapshots), 60, "more than %d snapshots", maxSnapshots)
 	}
-	if h.NbSnapshots > 0 {
-		if err := r.checkRange(h, "snapshots_offset", 64, h.SnapshotsOffset, 0); err != nil {
-			return err
-		}
+	if err := r.checkRange(h, "snapshots_offset", 64, h.SnapshotsOffset, 0); err != nil {
+		return err
 	}
 	return nil
 }
@@ -338,11 +339,11 @@ func (r *headerReader) checkTables(h *Header) error {
 // checkRange checks that a table offset is cluster aligned and that
 // [off, off+length) lies inside the file. An empty table may have offset 0.
 func (r *headerReader) checkRange(h *Header, field string, fieldOff int64, off, length uint64) error {
-	if length == 0 && off == 0 {
-		return nil
-	}
 	if off%uint64(h.ClusterSize()) != 0 {
 		return r.bad(field, off, fieldOff, "not aligned to the cluster size (%d)", h.ClusterSize())
+	}
+	if length == 0 {
+		return nil
 	}
 	if off >= uint64(r.fileSize) || length > uint64(r.fileSize)-off {
 		return r.bad(field, off, fieldOff, "table of %d bytes runs past the end of the file (%d bytes)", length, r.fileSize)
