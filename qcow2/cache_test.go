@@ -37,7 +37,7 @@ func TestCacheLoadsOnce(t *testing.T) {
 // TestCacheBounded: the cache never holds more than its budget, and a
 // table used again and again survives a scan of others (CLOCK).
 func TestCacheBounded(t *testing.T) {
-	const tableWords = 1024 // 8 KiB tables
+	const tableWords = 1024                         // 8 KiB tables
 	c := NewCache(cacheShards * 4 * tableWords * 8) // 4 tables per shard
 	load := func() ([]uint64, error) { return make([]uint64, tableWords), nil }
 	for i := 0; i < 10000; i++ {
