@@ -40,8 +40,10 @@ func TestCacheBounded(t *testing.T) {
 	const tableWords = 1024                         // 8 KiB tables
 	c := NewCache(cacheShards * 4 * tableWords * 8) // 4 tables per shard
 	load := func() ([]uint64, error) { return make([]uint64, tableWords), nil }
+	hot := cacheKey{owner: 2, off: 0}
 	for i := 0; i < 10000; i++ {
 		c.get(cacheKey{owner: 1, off: int64(i) * 8192}, load)
+		c.get(hot, load)
 		for s := range c.shards {
 			if b := c.shards[s].bytes; b > c.shards[s].capacity {
 				t.Fatalf("shard %d holds %d bytes, capacity %d", s, b, c.shards[s].capacity)
@@ -52,6 +54,12 @@ func TestCacheBounded(t *testing.T) {
 	c.m.Range(func(any, any) bool { total++; return true })
 	if total > cacheShards*4 {
 		t.Fatalf("%d tables cached, budget is %d", total, cacheShards*4)
+	}
+	if _, ok := c.m.Load(hot); !ok {
+		t.Fatal("the table used between every other access was evicted")
+	}
+	if h := c.shard(hot).hits.Load(); h < 9999 {
+		t.Fatalf("the hot table hit %d times of 10000", h)
 	}
 }
 

@@ -81,6 +81,18 @@ func Matrix(t testing.TB, dir string) []Image {
 	IO(t, cover, "write -P 0xe6 65000 3000", "write -z 8M 1M")
 	add("over-compressed", cover)
 
+	// External data files, raw and not raw. (The name is absolute: qemu
+	// resolves a relative data file name against its working folder,
+	// not the image's.)
+	for _, rawData := range []string{"on", "off"} {
+		name := "datafile-raw-" + rawData
+		p := filepath.Join(dir, name+".qcow2")
+		data := filepath.Join(dir, name+".data")
+		Create(t, "qcow2", p, "6M", "-o", fmt.Sprintf("data_file=%s,data_file_raw=%s", data, rawData))
+		IO(t, p, "write -P 0x71 4096 70000", "write -z 1M 64k", "write -P 0x72 5M 512")
+		add(name, p)
+	}
+
 	// Preallocated zero clusters (zero-alloc): a zero write without
 	// unmap over a preallocated image.
 	prealloc := filepath.Join(dir, "prealloc.qcow2")
