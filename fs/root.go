@@ -107,13 +107,15 @@ func Options() *gofs.Options {
 		AttrTimeout:     &at,
 		NegativeTimeout: &neg,
 		MountOptions: fuse.MountOptions{
-			FsName:        "qcowfs",
-			Name:          "qcowfs",
-			DirectMount:   true,
-			MaxWrite:      1 << 20,
-			MaxReadAhead:  1 << 20,
-			MaxBackground: 64,
-			Options:       []string{"ro", "default_permissions"},
+			FsName:      "qcowfs",
+			Name:        "qcowfs",
+			DirectMount: true,
+			// Read-only at the mount level too, as mount(8) shows it.
+			DirectMountFlags: syscall.MS_RDONLY | syscall.MS_NOSUID | syscall.MS_NODEV,
+			MaxWrite:         1 << 20,
+			MaxReadAhead:     1 << 20,
+			MaxBackground:    64,
+			Options:          []string{"ro", "default_permissions"},
 		},
 	}
 }

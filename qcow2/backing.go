@@ -75,7 +75,7 @@ func (o *opener) openQcow2File(f *os.File, path string, depth int) (l *layer, er
 			return nil, err
 		}
 	}
-	if h.BackingFile == "" {
+	if h.BackingFile == "" || o.opts.NoBacking {
 		return l, nil
 	}
 	if depth+1 > o.opts.MaxChainDepth {

@@ -24,6 +24,11 @@ type Options struct {
 	// Zero means DefaultMaxChainDepth.
 	MaxChainDepth int
 
+	// NoBacking opens the image without its backing chain, like qemu's
+	// BDRV_O_NO_BACKING: enough to describe it (Info), not to read it:
+	// unallocated ranges then read as zeros.
+	NoBacking bool
+
 	// AllowCorrupt opens images whose corrupt bit is set. They are only
 	// ever read, so this cannot make them worse.
 	AllowCorrupt bool

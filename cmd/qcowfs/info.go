@@ -16,7 +16,11 @@ type infoCmd struct {
 }
 
 func (c *infoCmd) Run() error {
-	img, err := qcow2.Open(c.Image, qcow2.Options{Cache: qcow2.NewCache(1 << 20)})
+	// Like qemu-img info, describe an image whose corrupt bit is set
+	// rather than refuse it: "corrupt: true" is part of the answer.
+	// Like qemu-img info, describe the image without opening its
+	// backing chain (which may be missing).
+	img, err := qcow2.Open(c.Image, qcow2.Options{Cache: qcow2.NewCache(1 << 20), AllowCorrupt: true, NoBacking: true})
 	if err != nil {
 		return err
 	}
@@ -41,6 +45,9 @@ func printInfo(w io.Writer, info *qcow2.Info) {
 	fmt.Fprintf(w, "virtual size: %s (%d bytes)\n", sizeString(info.VirtualSize), info.VirtualSize)
 	fmt.Fprintf(w, "disk size: %s\n", sizeString(info.ActualSize))
 	fmt.Fprintf(w, "cluster_size: %d\n", info.ClusterSize)
+	if info.DirtyFlag {
+		fmt.Fprintln(w, "cleanly shut down: no")
+	}
 	if info.BackingFilename != "" {
 		fmt.Fprintf(w, "backing file: %s", info.BackingFilename)
 		if info.FullBackingFilename != info.BackingFilename {

@@ -23,9 +23,11 @@ var version = "dev"
 
 type cli struct {
 	Mount   mountCmd   `cmd:"" help:"Mount a folder of qcow2 images (or one image) as raw files."`
-	Unmount unmountCmd `cmd:"" help:"Unmount a qcowfs mount."`
+	Unmount unmountCmd `cmd:"" aliases:"umount" help:"Unmount a qcowfs mount."`
 	Info    infoCmd    `cmd:"" help:"Show an image's details, like qemu-img info."`
 	Version versionCmd `cmd:"" help:"Print the version."`
+
+	VersionFlag kong.VersionFlag `name:"version" help:"Print the version."`
 }
 
 const description = `qcowfs shows QEMU qcow2 disk images as raw disk files.
@@ -45,7 +47,7 @@ func main() {
 		kong.Description(description),
 		kong.UsageOnError(),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
-		kong.Vars{"version": version},
+		kong.Vars{"version": "qcowfs " + version},
 	)
 	if err := ctx.Run(); err != nil {
 		code := 1
@@ -81,8 +83,10 @@ func helperArgs(args []string) []string {
 	if len(args) < 2 {
 		return args
 	}
-	base := filepath.Base(args[0])
-	helper := strings.HasPrefix(base, "mount.")
+	// Called by mount(8) itself (as /sbin/mount.qcowfs), or by
+	// mount.fuse3 or a user as "qcowfs SRC MNT ...".
+	byMount := strings.HasPrefix(filepath.Base(args[0]), "mount.")
+	helper := byMount
 	if !helper {
 		switch args[1] {
 		case "mount", "unmount", "umount", "info", "version", "help":
@@ -94,11 +98,22 @@ func helperArgs(args []string) []string {
 		return args
 	}
 	out := []string{args[0], "mount"}
-	for _, a := range args[1:] {
-		// mount(8) may pass -n (no mtab), -s (sloppy), -f (fake) and
-		// -v; only -o carries anything for us.
-		switch a {
-		case "-n", "-s", "-v":
+	for i := 1; i < len(args); i++ {
+		a := args[i]
+		// mount(8) may pass -n (no mtab), -s (sloppy), -f (fake), -v
+		// and, for a helper whose name does not end with the type,
+		// -t TYPE; only -o carries anything for us.
+		switch {
+		case a == "-n", a == "-s", a == "-v":
+			continue
+		case a == "-t" && byMount:
+			i++ // and its value
+			continue
+		case a == "-f" && byMount:
+			// Fake: mount(8) only records the mount. As
+			// "qcowfs SRC MNT -f" (libfuse style) it stays
+			// --foreground.
+			out = append(out, "--fake")
 			continue
 		}
 		out = append(out, a)

@@ -27,11 +27,14 @@ type mountCmd struct {
 	Mountpoint  string   `arg:"" help:"Folder to mount on."`
 	Foreground  bool     `short:"f" help:"Stay in the foreground and log to stderr; unmount on SIGINT or SIGTERM."`
 	AllowOther  bool     `help:"Let other users read the mount (as non-root this needs user_allow_other in /etc/fuse.conf). File permissions still apply."`
-	L2CacheSize byteSize `default:"32M" placeholder:"SIZE" help:"Memory for L2 tables, shared by all images: 32M maps 256 GiB of disk at 64 KiB clusters."`
+	L2CacheSize byteSize `name:"l2-cache-size" default:"32M" placeholder:"SIZE" help:"Memory for L2 tables, shared by all images: 32M maps 256 GiB of disk at 64 KiB clusters."`
 	LogLevel    string   `enum:"debug,info,warn,error" default:"info" help:"Least severe log messages to keep: debug, info, warn or error."`
 	LogFile     string   `placeholder:"PATH" help:"Append the log here. Default: syslog when running as a daemon, stderr with --foreground."`
 	Debug       bool     `help:"Log every FUSE request and reply (very verbose)."`
-	Options     []string `short:"o" sep:"," placeholder:"OPT,..." help:"Options in mount(8) style: ro, allow_other, l2_cache_size=SIZE, log_level=LEVEL, log_file=PATH, debug, foreground. Generic ones (rw, dev, suid, exec, auto, noauto, user, nofail, _netdev, x-*, ...) are accepted and ignored."`
+	Options     []string `short:"o" sep:"," placeholder:"OPT" help:"Options in mount(8) style: ro, allow_other, l2_cache_size=SIZE, log_level=LEVEL, log_file=PATH, debug, foreground. Generic ones (rw, dev, suid, exec, auto, noauto, user, nofail, _netdev, x-*, ...) are accepted and ignored."`
+	// Fake is mount(8)'s -f passed to a mount.qcowfs helper: check the
+	// options, mount nothing.
+	Fake bool `hidden:"" help:"Check the options but mount nothing (mount -f)."`
 }
 
 // daemonEnv marks the re-executed daemon; fd 3 is then the pipe on which it
@@ -42,20 +45,41 @@ const daemonEnv = "QCOWFS_DAEMON"
 // copy of this program in its own session; this process waits until the
 // mount is live (or failed) and exits with that result.
 func (c *mountCmd) Run() error {
-	if err := c.applyOptions(); err != nil {
-		return err
+	var ready *os.File
+	if os.Getenv(daemonEnv) != "" {
+		os.Unsetenv(daemonEnv)
+		ready = os.NewFile(3, "ready")
 	}
+	if err := c.applyOptions(); err != nil {
+		return reportFailure(ready, err)
+	}
+	if c.Fake {
+		return nil
+	}
+	// The daemon checks again: things may have changed since the parent
+	// did, and its reason must reach the parent, not /dev/null.
 	if err := c.preflight(); err != nil {
-		return err
+		return reportFailure(ready, err)
 	}
 	if c.Foreground {
 		return c.serve(nil)
 	}
-	if os.Getenv(daemonEnv) != "" {
-		os.Unsetenv(daemonEnv)
-		return c.serve(os.NewFile(3, "ready"))
+	if ready != nil {
+		return c.serve(ready)
 	}
 	return c.daemonize()
+}
+
+// reportFailure sends err to the waiting parent if this is the daemon
+// (ready is not nil) and returns what the daemon exits with; otherwise it
+// returns err.
+func reportFailure(ready *os.File, err error) error {
+	if ready == nil {
+		return err
+	}
+	fmt.Fprintf(ready, "error: %v\n", err)
+	ready.Close()
+	return &exitError{code: 1}
 }
 
 // applyOptions folds -o options into the flags.
@@ -136,19 +160,26 @@ func (c *mountCmd) preflight() error {
 	if err != nil {
 		return fmt.Errorf("mount point: %w", err)
 	}
-	if mounted, err := isMountPoint(realMnt); err != nil {
+	if m, err := mountAt(realMnt); err != nil {
 		return err
-	} else if mounted {
-		return fmt.Errorf("mount point %s: already a mount point (unmount it first: qcowfs unmount %s)", c.Mountpoint, c.Mountpoint)
+	} else if m != nil {
+		how := "umount"
+		if m.fstype == "fuse.qcowfs" {
+			how = "qcowfs unmount"
+		}
+		return fmt.Errorf("mount point %s: already a mount point (%s; unmount it first: %s %s)", c.Mountpoint, m.fstype, how, c.Mountpoint)
 	}
-	if st.IsDir() {
-		realSrc, err := filepath.EvalSymlinks(c.Source)
-		if err != nil {
-			return fmt.Errorf("source: %w", err)
-		}
-		if realMnt == realSrc || strings.HasPrefix(realMnt, realSrc+"/") {
-			return fmt.Errorf("mount point %s: inside the source folder %s; the mount would contain itself", c.Mountpoint, c.Source)
-		}
+	realSrc, err := filepath.EvalSymlinks(c.Source)
+	if err != nil {
+		return fmt.Errorf("source: %w", err)
+	}
+	if st.IsDir() && (realMnt == realSrc || strings.HasPrefix(realMnt, realSrc+"/")) {
+		return fmt.Errorf("mount point %s: inside the source folder %s; the mount would contain itself", c.Mountpoint, c.Source)
+	}
+	if strings.HasPrefix(realSrc, realMnt+"/") {
+		// The daemon reads the source by path: mounted over, every
+		// lookup would come back to the daemon itself and hang.
+		return fmt.Errorf("source %s: inside the mount point %s; the mount would hide its own source", c.Source, c.Mountpoint)
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		return fmt.Errorf("FUSE is not available: %w (load the fuse module; in a container, pass the /dev/fuse device)", err)
@@ -181,22 +212,38 @@ func hasUserAllowOther(conf []byte) bool {
 	return false
 }
 
-// isMountPoint reports whether path (without symlinks) is a mount point,
-// from /proc/self/mountinfo.
-func isMountPoint(path string) (bool, error) {
+// mountAt returns the topmost mount on path (without symlinks), from
+// /proc/self/mountinfo, or nil if path is not a mount point.
+func mountAt(path string) (*mountInfo, error) {
 	mounts, err := readMountinfo()
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	for _, m := range mounts {
-		if m.point == path {
-			return true, nil
+	// Mounts stacked on path: the top one is no other's parent.
+	var on []*mountInfo
+	for i := range mounts {
+		if mounts[i].point == path {
+			on = append(on, &mounts[i])
 		}
 	}
-	return false, nil
+	for _, m := range on {
+		top := true
+		for _, o := range on {
+			if o.parent == m.id && o != m {
+				top = false
+			}
+		}
+		if top {
+			return m, nil
+		}
+	}
+	return nil, nil
 }
 
-type mountInfo struct{ point, fstype string }
+type mountInfo struct {
+	id, parent    string
+	point, fstype string
+}
 
 func readMountinfo() ([]mountInfo, error) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
@@ -210,7 +257,7 @@ func readMountinfo() ([]mountInfo, error) {
 		if len(f) < 7 {
 			continue
 		}
-		m := mountInfo{point: unescapeMount(f[4])}
+		m := mountInfo{id: f[0], parent: f[1], point: unescapeMount(f[4])}
 		for i := 6; i < len(f)-1; i++ {
 			if f[i] == "-" {
 				m.fstype = f[i+1]
@@ -295,10 +342,8 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 		}
 	}
 	defer func() {
-		if err != nil && ready != nil {
-			report("error: %v", err)
-			ready.Close()
-			err = &exitError{code: 1}
+		if err != nil {
+			err = reportFailure(ready, err)
 		}
 	}()
 
@@ -325,6 +370,12 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	opts.Logger = log.New(logOut, "", log.LstdFlags)
 	opts.MountOptions.Logger = opts.Logger
 	opts.FsName = c.Source
+	// Catch signals before mounting: one arriving between the mount and
+	// signal.Notify would kill the process and leave a dead mount behind.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
+	defer signal.Stop(sigs)
 	server, err := gofs.Mount(c.Mountpoint, root, opts)
 	if err != nil {
 		return fmt.Errorf("mounting on %s: %w", c.Mountpoint, err)
@@ -335,9 +386,6 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 		ready.Close()
 	}
 
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
 	go func() {
 		for s := range sigs {
 			logger.Info("unmounting", "signal", s.String())

@@ -21,21 +21,15 @@ func (c *unmountCmd) Run() error {
 	if real, err := filepath.EvalSymlinks(mnt); err == nil {
 		mnt = real
 	}
-	mounts, err := readMountinfo()
+	m, err := mountAt(mnt)
 	if err != nil {
 		return err
 	}
-	found := false
-	for _, m := range mounts {
-		if m.point == mnt {
-			if m.fstype != "fuse.qcowfs" {
-				return fmt.Errorf("%s: a %s mount, not a qcowfs one", c.Mountpoint, m.fstype)
-			}
-			found = true
-		}
-	}
-	if !found {
+	if m == nil {
 		return fmt.Errorf("%s: not mounted", c.Mountpoint)
+	}
+	if m.fstype != "fuse.qcowfs" {
+		return fmt.Errorf("%s: a %s mount, not a qcowfs one", c.Mountpoint, m.fstype)
 	}
 	return unmount(mnt, c.Lazy)
 }
