@@ -2,7 +2,6 @@ package fs
 
 import (
 	"context"
-	"io"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -48,12 +47,7 @@ func (n *imageNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, ui
 
 // Read serves a read from the image; requests run in parallel.
 func (n *imageNode) Read(ctx context.Context, f gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	h := f.(*imageHandle)
-	got, err := h.oi.img.ReadAt(dest, off)
-	if err != nil && err != io.EOF {
-		return nil, n.m.readFailed(h.oi, off, err)
-	}
-	return fuse.ReadResultData(dest[:got]), 0
+	return n.m.read(f.(*imageHandle).oi, dest, off)
 }
 
 func (n *imageNode) Release(ctx context.Context, f gofs.FileHandle) syscall.Errno {

@@ -38,6 +38,8 @@ type Config struct {
 	// Log receives one line per refused image and per image whose reads
 	// fail. Nil means slog.Default().
 	Log *slog.Logger
+	// ReadPath selects zero-copy (the default) or copying reads.
+	ReadPath ReadPath
 }
 
 // Timeouts the kernel may cache entries and attributes for. Folders can
@@ -49,6 +51,12 @@ const (
 	dirAttrTimeout   = time.Second
 	imageAttrTimeout = time.Hour
 )
+
+// maxRead is the largest read request the kernel sends us: just under
+// 1 MiB, so that a spliced reply (header, payload, and the page go-fuse
+// keeps spare) fits in a pipe of /proc/sys/fs/pipe-max-size, 1 MiB by
+// default; at a full 1 MiB every reply would fall back to copying.
+const maxRead = 1<<20 - 8<<10
 
 // mount is the state shared by every node of one mount.
 type mount struct {
@@ -112,8 +120,8 @@ func Options() *gofs.Options {
 			DirectMount: true,
 			// Read-only at the mount level too, as mount(8) shows it.
 			DirectMountFlags: syscall.MS_RDONLY | syscall.MS_NOSUID | syscall.MS_NODEV,
-			MaxWrite:         1 << 20,
-			MaxReadAhead:     1 << 20,
+			MaxWrite:         maxRead,
+			MaxReadAhead:     maxRead,
 			MaxBackground:    64,
 			Options:          []string{"ro", "default_permissions"},
 		},

@@ -1,6 +1,9 @@
 package qcow2
 
-import "fmt"
+import (
+	"fmt"
+	"os"
+)
 
 // Status describes how a guest range is stored, after qemu's block status
 // (BDRV_BLOCK_DATA, BDRV_BLOCK_ZERO, BDRV_BLOCK_ALLOCATED) as printed by
@@ -64,6 +67,19 @@ func (e *Extent) HostFile() string {
 		return ""
 	}
 	return e.layer.data().Name()
+}
+
+// Host returns the host file and offset holding the extent's bytes when
+// they are stored there as they are (data, not compressed) and lie wholly
+// inside the file, so a caller may read or splice them directly. ok is
+// false for everything else: zeros, compressed data, or a cluster cut
+// short by the end of the file (ReadAt fills its tail with zeros).
+func (e *Extent) Host() (f *os.File, off int64, ok bool) {
+	if e.layer == nil || e.Status&(StatusData|StatusCompressed) != StatusData ||
+		e.Offset < 0 || e.Offset+e.Length > e.layer.dataSize() {
+		return nil, 0, false
+	}
+	return e.layer.data(), e.Offset, true
 }
 
 // Extent returns the extent that starts at off and is at most length bytes

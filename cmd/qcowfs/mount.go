@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -31,7 +32,10 @@ type mountCmd struct {
 	LogLevel    string   `enum:"debug,info,warn,error" default:"info" help:"Least severe log messages to keep: debug, info, warn or error."`
 	LogFile     string   `placeholder:"PATH" help:"Append the log here. Default: syslog when running as a daemon, stderr with --foreground."`
 	Debug       bool     `help:"Log every FUSE request and reply (very verbose)."`
-	Options     []string `short:"o" sep:"," placeholder:"OPT" help:"Options in mount(8) style: ro, allow_other, l2_cache_size=SIZE, log_level=LEVEL, log_file=PATH, debug, foreground. Generic ones (rw, dev, suid, exec, auto, noauto, user, nofail, _netdev, x-*, ...) are accepted and ignored."`
+	ReadAhead   byteSize `default:"4M" placeholder:"SIZE" help:"Kernel readahead for the mount (root only; the kernel's FUSE default is 128K)."`
+	ReadPath    string   `enum:"splice,copy" default:"splice" help:"How reads of uncompressed data are answered: splice (zero-copy from the image file) or copy (through a buffer)."`
+	CPUProfile  string   `placeholder:"PATH" help:"Write a Go CPU profile of the daemon here, from mount to unmount."`
+	Options     []string `short:"o" sep:"," placeholder:"OPT" help:"Options in mount(8) style: ro, allow_other, l2_cache_size=SIZE, read_ahead=SIZE, read_path=splice|copy, log_level=LEVEL, log_file=PATH, debug, foreground. Generic ones (rw, dev, suid, exec, auto, noauto, user, nofail, _netdev, x-*, ...) are accepted and ignored."`
 	// Fake is mount(8)'s -f passed to a mount.qcowfs helper: check the
 	// options, mount nothing.
 	Fake bool `hidden:"" help:"Check the options but mount nothing (mount -f)."`
@@ -102,6 +106,15 @@ func (c *mountCmd) applyOptions() error {
 			if err := c.L2CacheSize.UnmarshalText([]byte(val)); err != nil || !hasVal {
 				return fmt.Errorf("option %s: want a size such as 32M", o)
 			}
+		case "read_ahead":
+			if err := c.ReadAhead.UnmarshalText([]byte(val)); err != nil || !hasVal {
+				return fmt.Errorf("option %s: want a size such as 4M", o)
+			}
+		case "read_path":
+			if val != "splice" && val != "copy" {
+				return fmt.Errorf("option %s: want splice or copy", o)
+			}
+			c.ReadPath = val
 		case "log_level":
 			switch val {
 			case "debug", "info", "warn", "error":
@@ -360,6 +373,9 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 		Image:  qcow2.Options{Cache: qcow2.NewCache(int64(c.L2CacheSize))},
 		Log:    logger,
 	}
+	if c.ReadPath == "copy" {
+		cfg.ReadPath = fs.ReadCopy
+	}
 	root, err := fs.NewRoot(cfg)
 	if err != nil {
 		return err
@@ -376,9 +392,27 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
 	defer signal.Stop(sigs)
+	if c.CPUProfile != "" {
+		f, err := os.Create(c.CPUProfile)
+		if err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
+	}
 	server, err := gofs.Mount(c.Mountpoint, root, opts)
 	if err != nil {
 		return fmt.Errorf("mounting on %s: %w", c.Mountpoint, err)
+	}
+	if os.Geteuid() == 0 && c.ReadAhead > 0 {
+		if err := fs.SetReadAhead(c.Mountpoint, int(c.ReadAhead>>10)); err != nil {
+			logger.Warn("cannot raise the kernel readahead; sequential reads will be slower", "err", err)
+		}
 	}
 	logger.Info("mounted", "source", c.Source, "mountpoint", c.Mountpoint, "pid", os.Getpid())
 	if ready != nil {

@@ -1,0 +1,144 @@
+package fs
+
+import (
+	"io"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hanwen/go-fuse/v2/splice"
+
+	"github.com/qcowfs/qcowfs/qcow2"
+)
+
+// ReadPath selects how image reads are answered.
+type ReadPath int
+
+const (
+	// ReadSplice answers reads whose bytes are stored uncompressed (or are
+	// zeros) without copying them through our memory: one host range is a
+	// fuse.ReadResultFd, several ranges and zero runs are spliced into a
+	// pipe. Reads touching compressed clusters are copied. The default.
+	ReadSplice ReadPath = iota
+	// ReadCopy reads every request into the request buffer (one copy in,
+	// one copy out to the kernel). Kept as the fallback, and to measure
+	// against.
+	ReadCopy
+)
+
+// maxSpliceExtents bounds the extents one spliced reply may gather; a
+// request more fragmented than that is copied instead.
+const maxSpliceExtents = 32
+
+// zeros is a shared source of zero bytes for replies, never written.
+var zeros = make([]byte, 1<<20)
+
+// read answers a read of the image: at most len(dest) bytes at off.
+func (m *mount) read(oi *openImage, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	img := oi.img
+	if off >= img.Size() {
+		return fuse.ReadResultData(nil), 0
+	}
+	size := min(int64(len(dest)), img.Size()-off)
+	if m.cfg.ReadPath == ReadSplice {
+		rr, err := spliceRead(img, off, size)
+		if err != nil {
+			return nil, m.readFailed(oi, off, err)
+		}
+		if rr != nil {
+			return rr, 0
+		}
+	}
+	n, err := img.ReadAt(dest[:size], off)
+	if err != nil && err != io.EOF {
+		return nil, m.readFailed(oi, off, err)
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+// spliceRead answers [off, off+size) without copying when every extent of
+// it is stored as is in a host file or reads as zeros. It returns nil (and
+// no error) when the range needs copying.
+func spliceRead(img *qcow2.Image, off, size int64) (fuse.ReadResult, error) {
+	var buf [maxSpliceExtents]qcow2.Extent
+	exts := buf[:0]
+	hosts := 0
+	for pos, end := off, off+size; pos < end; {
+		e, err := img.Extent(pos, end-pos)
+		if err != nil {
+			return nil, err
+		}
+		if _, _, ok := e.Host(); ok {
+			hosts++
+		} else if e.Status&qcow2.StatusData != 0 || len(exts) == maxSpliceExtents {
+			return nil, nil
+		}
+		exts = append(exts, e)
+		pos += e.Length
+	}
+	switch {
+	case len(exts) == 1 && hosts == 1:
+		f, hoff, _ := exts[0].Host()
+		return fuse.ReadResultFd(f.Fd(), hoff, int(size)), nil
+	case hosts == 0 && size <= int64(len(zeros)):
+		return fuse.ReadResultData(zeros[:size]), nil
+	}
+	return pipeRead(exts, int(size))
+}
+
+// pipeRead gathers several host ranges and zero runs into a pipe, which
+// go-fuse splices into the FUSE device. It returns nil if the pipe cannot
+// hold the reply (an unprivileged process cannot grow pipes past
+// /proc/sys/fs/pipe-max-size), so the caller copies instead.
+func pipeRead(exts []qcow2.Extent, size int) (fuse.ReadResult, error) {
+	pair, err := splice.Get()
+	if err != nil {
+		return nil, nil
+	}
+	if err := pair.Grow(size); err != nil {
+		splice.Drop(pair)
+		return nil, nil
+	}
+	for i := range exts {
+		e := &exts[i]
+		var err error
+		if f, hoff, ok := e.Host(); ok {
+			err = loadFromAt(pair, f.Fd(), int(e.Length), hoff)
+		} else {
+			err = writeAll(pair, zeros, int(e.Length))
+		}
+		if err != nil {
+			splice.Drop(pair)
+			return nil, err
+		}
+	}
+	return fuse.ReadResultPipe(pair, size), nil
+}
+
+// loadFromAt splices n bytes at off of fd into the pipe, looping over
+// short splices.
+func loadFromAt(p *splice.Pair, fd uintptr, n int, off int64) error {
+	for n > 0 {
+		k, err := p.LoadFromAt(fd, n, off)
+		if err != nil {
+			return err
+		}
+		if k == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		n -= k
+		off += int64(k)
+	}
+	return nil
+}
+
+// writeAll writes n bytes of src (repeated as needed) into the pipe.
+func writeAll(p *splice.Pair, src []byte, n int) error {
+	for n > 0 {
+		k, err := p.Write(src[:min(n, len(src))])
+		if err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
+}
