@@ -62,16 +62,19 @@ func spliceRead(img *qcow2.Image, off, size int64) (fuse.ReadResult, error) {
 	var buf [maxSpliceExtents]qcow2.Extent
 	exts := buf[:0]
 	hosts := 0
+	aligned := true
 	for pos, end := off, off+size; pos < end; {
 		e, err := img.Extent(pos, end-pos)
 		if err != nil {
 			return nil, err
 		}
-		if _, _, ok := e.Host(); ok {
+		if _, hoff, ok := e.Host(); ok {
 			hosts++
+			aligned = aligned && hoff%pageSize == 0
 		} else if e.Status&qcow2.StatusData != 0 || len(exts) == maxSpliceExtents {
 			return nil, nil
 		}
+		aligned = aligned && e.Start%pageSize == 0 && (e.Length%pageSize == 0 || pos+e.Length == end)
 		exts = append(exts, e)
 		pos += e.Length
 	}
@@ -82,8 +85,18 @@ func spliceRead(img *qcow2.Image, off, size int64) (fuse.ReadResult, error) {
 	case hosts == 0 && size <= int64(len(zeros)):
 		return fuse.ReadResultData(zeros[:size]), nil
 	}
+	if !aligned {
+		// Every splice into a pipe takes at least one of its slots (a
+		// page each), and a pipe sized for the reply has just enough
+		// slots for whole pages: sub-page pieces (512-byte clusters,
+		// unaligned host offsets) would overflow it, and go-fuse would
+		// send a short reply, which the kernel takes for end of file.
+		return nil, nil
+	}
 	return pipeRead(exts, int(size))
 }
+
+const pageSize = 4096
 
 // pipeRead gathers several host ranges and zero runs into a pipe, which
 // go-fuse splices into the FUSE device. It returns nil if the pipe cannot

@@ -20,11 +20,20 @@ func TestMountMatchesQemu(t *testing.T) {
 	src := qemu.TempDir(t)
 	images := qemu.Matrix(t, src)
 	expect := t.TempDir()
-	m := mountImages(t, src)
+	for _, im := range images {
+		qemu.ToRaw(t, im.Path, filepath.Join(expect, im.Name+".raw"))
+	}
+	// Both ways of answering reads: zero-copy (splice) and copying.
+	for _, readPath := range []string{"splice", "copy"} {
+		t.Run(readPath, func(t *testing.T) { checkMountMatchesQemu(t, src, expect, images, readPath) })
+	}
+}
 
+func checkMountMatchesQemu(t *testing.T, src, expect string, images []qemu.Image, readPath string) {
+	m := mountImages(t, src, "--read-path="+readPath)
 	for _, im := range images {
 		t.Run(im.Name, func(t *testing.T) {
-			want := qemu.ToRaw(t, im.Path, filepath.Join(expect, im.Name+".raw"))
+			want := filepath.Join(expect, im.Name+".raw")
 			got := filepath.Join(m.Dir, im.Name+".raw")
 
 			// Concurrent random reads first, while the page cache is
