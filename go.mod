@@ -2,10 +2,9 @@ module github.com/qcowfs/qcowfs
 
 go 1.26.0
 
-require github.com/klauspost/compress v1.20.4
-
 require (
-	github.com/alecthomas/kong v1.17.0 // indirect
-	github.com/hanwen/go-fuse/v2 v2.12.1 // indirect
-	golang.org/x/sys v0.50.0 // indirect
+	github.com/alecthomas/kong v1.17.0
+	github.com/hanwen/go-fuse/v2 v2.12.1
+	github.com/klauspost/compress v1.20.4
+	golang.org/x/sys v0.50.0
 )
