@@ -47,6 +47,7 @@ type entry struct {
 	v       version
 	st      syscall.Stat_t
 	size    int64 // the size shown: the virtual size for images
+	used    int64 // images: bytes on the host, an estimate of the data
 	hidden  bool  // an image that failed validation, or an entry we do not show
 	exposed string
 	clashed bool // not shown for a name clash; logged once
@@ -165,7 +166,9 @@ func (d *dirNode) validate(e *entry) {
 		return
 	}
 	e.size = img.Size()
+	e.used = min(img.AllocatedBytes(), e.size)
 	img.Close()
+	d.m.usage.request(e.v, e.path)
 }
 
 // inside reports whether path is root or lies below it.
@@ -191,15 +194,20 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 		node = &dirNode{m: d.m, path: e.path}
 		stable.Mode = syscall.S_IFDIR
 	case kindImage:
-		node = &imageNode{m: d.m, path: e.path, v: e.v, size: e.size}
+		node = &imageNode{m: d.m, path: e.path, v: e.v, size: e.size, used: e.used}
 		stable.Mode, stable.Gen = syscall.S_IFREG, e.v.generation()
-		out.SetAttrTimeout(imageAttrTimeout)
 	default:
 		node = &plainNode{m: d.m, path: e.path, v: e.v}
 		stable.Mode, stable.Gen = syscall.S_IFREG, e.v.generation()
 	}
-	fillAttr(&out.Attr, e)
-	return d.NewInode(ctx, node, stable), 0
+	child := d.NewInode(ctx, node, stable)
+	if e.kind == kindImage {
+		d.m.usage.watch(e.v, child)
+	}
+	if exact := d.m.fillAttr(&out.Attr, e); exact {
+		out.SetAttrTimeout(imageAttrTimeout)
+	}
+	return child, 0
 }
 
 // forgetStale drops children whose source entry went away or changed, and
@@ -243,7 +251,7 @@ func (d *dirNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 		return gofs.ToErrno(err)
 	}
 	e := &entry{kind: kindDir, st: st, v: versionOf(&st)}
-	fillAttr(&out.Attr, e)
+	d.m.fillAttr(&out.Attr, e)
 	if d.IsRoot() {
 		out.Ino = 1
 	}
@@ -252,8 +260,10 @@ func (d *dirNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 
 // fillAttr sets the attributes shown for e: the source file's owner,
 // times and permission bits without write permission, and for images the
-// virtual size.
-func fillAttr(a *fuse.Attr, e *entry) {
+// virtual size and the data they hold (usage.go). It reports whether the
+// attributes are final: an image whose data is not counted yet shows an
+// estimate, which the kernel must not cache for long.
+func (m *mount) fillAttr(a *fuse.Attr, e *entry) (final bool) {
 	a.FromStat(&e.st)
 	a.Ino = e.v.inode()
 	a.Mode = e.st.Mode&^0o222&^syscall.S_IFMT | syscall.S_IFREG
@@ -261,11 +271,15 @@ func fillAttr(a *fuse.Attr, e *entry) {
 		a.Mode = e.st.Mode&^0o222&^syscall.S_IFMT | syscall.S_IFDIR
 	}
 	a.Size = uint64(e.size)
-	if e.kind == kindImage {
-		// st_blocks is refined by block status; until then, claim
-		// the whole disk as allocated, like a raw file would.
-		a.Blocks = (uint64(e.size) + 511) / 512
-		a.Nlink = 1
-	}
 	a.Blksize = 1 << 16
+	if e.kind != kindImage {
+		return false
+	}
+	used, counted := m.usage.get(e.v)
+	if !counted {
+		used = e.used
+	}
+	a.Blocks = (uint64(used) + 511) / 512
+	a.Nlink = 1
+	return counted
 }

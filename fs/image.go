@@ -17,6 +17,7 @@ type imageNode struct {
 	path string
 	v    version
 	size int64
+	used int64 // estimate of the data bytes; see usage.go
 }
 
 var (
@@ -63,12 +64,13 @@ func (n *imageNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.At
 		// the version it was looked up as.
 		st = syscall.Stat_t{}
 	}
-	e := &entry{kind: kindImage, v: n.v, size: n.size, st: st}
+	e := &entry{kind: kindImage, v: n.v, size: n.size, used: n.used, st: st}
 	if st.Ino == 0 {
 		e.st.Mode = syscall.S_IFREG | 0o444
 		e.st.Ino = n.v.ino
 	}
-	fillAttr(&out.Attr, e)
-	out.SetTimeout(imageAttrTimeout)
+	if n.m.fillAttr(&out.Attr, e) {
+		out.SetTimeout(imageAttrTimeout)
+	}
 	return 0
 }

@@ -58,6 +58,6 @@ func (n *plainNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.At
 	if err := syscall.Stat(n.path, &st); err != nil {
 		return gofs.ToErrno(err)
 	}
-	fillAttr(&out.Attr, &entry{kind: kindPlain, v: versionOf(&st), st: st, size: st.Size})
+	n.m.fillAttr(&out.Attr, &entry{kind: kindPlain, v: versionOf(&st), st: st, size: st.Size})
 	return 0
 }

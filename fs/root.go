@@ -66,6 +66,8 @@ type mount struct {
 
 	mu     sync.Mutex             // guards images
 	images map[version]*openImage // images with open handles
+
+	usage *usageTable // st_blocks of images, see usage.go
 }
 
 // NewRoot returns the root node for cfg.Source and the options the mount
@@ -89,7 +91,8 @@ func NewRoot(cfg Config) (gofs.InodeEmbedder, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &mount{cfg: cfg, log: cfg.Log, images: map[version]*openImage{}}
+	m := &mount{cfg: cfg, log: cfg.Log, images: map[version]*openImage{}, usage: newUsageTable()}
+	go m.countUsage()
 	if st.IsDir() {
 		m.root = src
 		// Backing files must stay inside what the user mounted, plus

@@ -1,8 +1,12 @@
 package qcow2
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"os"
+
+	"github.com/qcowfs/qcowfs/fiemap"
 )
 
 // Status describes how a guest range is stored, after qemu's block status
@@ -83,22 +87,42 @@ func (e *Extent) Host() (f *os.File, off int64, ok bool) {
 }
 
 // Extent returns the extent that starts at off and is at most length bytes
-// long. It reads at most one L2 table per layer of the chain, so walking a
-// disk extent by extent costs O(1) per extent after the tables are cached.
+// long, as qemu's block status reports it (`qemu-img map`): raw backing
+// files are asked where their holes are, and so are the data clusters of
+// images made with preallocation=metadata; other data clusters are data.
+// It reads at most one L2 table per layer of the chain, so walking a disk
+// extent by extent costs O(1) per extent after the tables are cached.
 func (img *Image) Extent(off, length int64) (Extent, error) {
 	if off < 0 || off >= img.top.size || length <= 0 {
 		return Extent{}, fmt.Errorf("%s: extent [%d, +%d) outside the disk (%d bytes)", img.top.name, off, length, img.top.size)
 	}
-	length = min(length, img.top.size-off)
-	return img.top.extent(off, length)
+	return img.top.extent(off, min(length, img.top.size-off), probeQemu)
 }
 
+// probe says when extent asks a host file where its holes are.
+type probe uint8
+
+const (
+	// probeNone: never (reads: a hole reads as zeros anyway).
+	probeNone probe = iota
+	// probeQemu: where qemu does: raw layers, and data clusters of
+	// metadata-preallocated images.
+	probeQemu
+	// probeAll: every uncompressed data range, so that clusters qcow2
+	// calls allocated but the host never wrote count as holes.
+	probeAll
+)
+
 // extent resolves [off, off+n) from this layer downwards; off < l.size.
-func (l *layer) extent(off, n int64) (Extent, error) {
+func (l *layer) extent(off, n int64, p probe) (Extent, error) {
 	n = min(n, l.size-off)
 	if l.raw {
-		return Extent{Start: off, Length: n, Status: StatusData | StatusAllocated,
-			Depth: l.depth, Offset: off, layer: l}, nil
+		e := Extent{Start: off, Length: n, Status: StatusData | StatusAllocated,
+			Depth: l.depth, Offset: off, layer: l}
+		if p != probeNone {
+			l.probeHost(&e)
+		}
+		return e, nil
 	}
 	r, err := l.lookup(off, n)
 	if err != nil {
@@ -108,6 +132,9 @@ func (l *layer) extent(off, n int64) (Extent, error) {
 	switch r.kind {
 	case kindNormal:
 		e.Status = StatusData | StatusAllocated
+		if p == probeAll || p == probeQemu && l.metadataPreallocated() {
+			l.probeHost(&e)
+		}
 	case kindZero:
 		e.Status = StatusZero | StatusAllocated
 	case kindCompressed:
@@ -123,7 +150,46 @@ func (l *layer) extent(off, n int64) (Extent, error) {
 			e.Offset = -1
 			return e, nil
 		}
-		return b.extent(off, r.length)
+		return b.extent(off, r.length, p)
 	}
 	return e, nil
+}
+
+// hostMap returns the extent map of the layer's data file, made on first
+// use; nil if the file cannot be mapped (then everything is data).
+func (l *layer) hostMap() *fiemap.Map {
+	l.hostOnce.Do(func() {
+		if m, err := fiemap.New(l.data(), nil); err == nil {
+			l.host.Store(m)
+		}
+	})
+	return l.host.Load()
+}
+
+// probeHost trims a data extent to its first piece that is uniformly data
+// or hole in the host file, and marks a hole as reading zeros: for a raw
+// layer it is then a zero extent, as qemu's file driver says; for a qcow2
+// cluster it stays "data" too, as qemu reports (an allocated cluster whose
+// host bytes read as zeros).
+func (l *layer) probeHost(e *Extent) {
+	m := l.hostMap()
+	if m == nil {
+		return
+	}
+	d, err := m.NextData(e.Offset)
+	switch {
+	case err == nil && d == e.Offset:
+		if h, err := m.NextHole(e.Offset); err == nil && h > e.Offset {
+			e.Length = min(e.Length, h-e.Offset)
+		}
+		return
+	case err == nil:
+		e.Length = min(e.Length, d-e.Offset)
+	case !errors.Is(err, io.EOF):
+		return // cannot tell: data
+	}
+	e.Status |= StatusZero
+	if l.raw {
+		e.Status &^= StatusData
+	}
 }

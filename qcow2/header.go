@@ -322,6 +322,9 @@ func (r *headerReader) checkTables(h *Header) error {
 	if err := r.checkRange(h, "l1_table_offset", 40, h.L1TableOffset, uint64(h.L1Size)*8); err != nil {
 		return err
 	}
+	if uint64(h.RefcountTableClusters)*cs > maxRefcountTableBytes {
+		return r.bad("refcount_table_clusters", uint64(h.RefcountTableClusters), 56, "refcount table larger than %d bytes", maxRefcountTableBytes)
+	}
 	if h.RefcountTableClusters > 0 || h.RefcountTableOffset != 0 {
 		if err := r.checkRange(h, "refcount_table_offset", 48, h.RefcountTableOffset, uint64(h.RefcountTableClusters)*cs); err != nil {
 			return err

@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/qcowfs/qcowfs/fiemap"
 )
 
 // Options configure Open. The zero value is usable.
@@ -48,6 +52,9 @@ const DefaultMaxChainDepth = 64
 type Image struct {
 	top   *layer
 	cache *Cache
+
+	indexOnce sync.Once
+	idx       *statusIndex // see status.go
 }
 
 // layer is one file of a backing chain: a qcow2 image or a raw file.
@@ -76,6 +83,13 @@ type layer struct {
 	cache        *Cache
 	owner        uint64
 	decomp       *decompressor
+
+	// Read lazily, each guarded by its Once.
+	refs         refcounts
+	preallocOnce sync.Once
+	prealloc     bool // see metadataPreallocated
+	hostOnce     sync.Once
+	host         atomic.Pointer[fiemap.Map] // holes of the data file; nil if unknown
 }
 
 // Open opens the qcow2 image at path and its whole backing chain.
@@ -112,6 +126,9 @@ func (img *Image) Close() error {
 	for l := img.top; l != nil; l = l.backing {
 		if l.owner != 0 {
 			img.cache.drop(l.owner)
+		}
+		if m := l.host.Load(); m != nil {
+			m.Close()
 		}
 		if err := l.file.Close(); err != nil && first == nil {
 			first = err
@@ -196,16 +213,22 @@ func (l *layer) l2Table(l1Index int64) ([]uint64, error) {
 			Msg: fmt.Sprintf("L2 table at %#x runs past the end of the file (%d bytes)", off, l.fileSize)}
 	}
 	return l.cache.get(cacheKey{owner: l.owner, off: off}, func() ([]uint64, error) {
-		buf := make([]byte, l.clusterSize())
-		if _, err := l.file.ReadAt(buf, off); err != nil {
-			return nil, fmt.Errorf("%s: reading L2 table at byte offset %d: %w", l.name, off, err)
-		}
-		t := make([]uint64, len(buf)/8)
-		for i := range t {
-			t[i] = binary.BigEndian.Uint64(buf[i*8:])
-		}
-		return t, nil
+		return l.readTable(off, "L2 table")
 	})
+}
+
+// readTable reads the cluster at off of the image file as big-endian
+// 64-bit words: an L2 table or a refcount block.
+func (l *layer) readTable(off int64, what string) ([]uint64, error) {
+	buf := make([]byte, l.clusterSize())
+	if _, err := l.file.ReadAt(buf, off); err != nil {
+		return nil, fmt.Errorf("%s: reading %s at byte offset %d: %w", l.name, what, off, err)
+	}
+	t := make([]uint64, len(buf)/8)
+	for i := range t {
+		t[i] = binary.BigEndian.Uint64(buf[i*8:])
+	}
+	return t, nil
 }
 
 // run is a stretch of guest bytes that one layer stores the same way.
@@ -331,7 +354,7 @@ func (img *Image) ReadAt(p []byte, off int64) (int, error) {
 	}
 	done := 0
 	for done < len(p) {
-		e, err := img.top.extent(off+int64(done), int64(len(p)-done))
+		e, err := img.top.extent(off+int64(done), int64(len(p)-done), probeNone)
 		if err != nil {
 			return done, err
 		}

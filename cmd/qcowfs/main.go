@@ -25,6 +25,7 @@ type cli struct {
 	Mount   mountCmd   `cmd:"" help:"Mount a folder of qcow2 images (or one image) as raw files."`
 	Unmount unmountCmd `cmd:"" aliases:"umount" help:"Unmount a qcowfs mount."`
 	Info    infoCmd    `cmd:"" help:"Show an image's details, like qemu-img info."`
+	Map     mapCmd     `cmd:"" help:"Show where an image's data lives, like qemu-img map."`
 	Version versionCmd `cmd:"" help:"Print the version."`
 
 	VersionFlag kong.VersionFlag `name:"version" help:"Print the version."`
@@ -89,7 +90,7 @@ func helperArgs(args []string) []string {
 	helper := byMount
 	if !helper {
 		switch args[1] {
-		case "mount", "unmount", "umount", "info", "version", "help":
+		case "mount", "unmount", "umount", "info", "map", "version", "help":
 			return args
 		}
 		helper = len(args) >= 3 && !strings.HasPrefix(args[1], "-") && !strings.HasPrefix(args[2], "-")

@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // An Image is one qemu-made test image.
@@ -141,4 +143,36 @@ func TempDir(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// StatusMatrix is Matrix plus images made for block status: sparse
+// disks with data far apart, preallocated images, a fragmented image, a
+// disk with no data at all, a size that is not a multiple of the cluster.
+func StatusMatrix(t testing.TB, dir string) []Image {
+	images := Matrix(t, dir)
+	add := func(name string, size string, opts []string, cmds ...string) {
+		p := filepath.Join(dir, name+".qcow2")
+		Create(t, "qcow2", p, size, opts...)
+		if len(cmds) > 0 {
+			IO(t, p, cmds...)
+		}
+		images = append(images, Image{Name: name, Path: p})
+	}
+	add("sparse-4T", "4T", nil, "write -P 1 0 1M", "write -P 2 1T 64k", "write -P 3 3000G 2M", "write -P 4 4398046510592 512")
+	add("empty", "100M", nil)
+	add("odd-size", "10000000", []string{"-o", "cluster_size=65536"}, "write -P 7 9960000 40000", "write -z 9900000 50000")
+	add("prealloc-metadata", "64M", []string{"-o", "preallocation=metadata"}, "write -P 9 1M 100k", "write -P 9 40M 64k")
+	add("prealloc-falloc", "64M", []string{"-o", "preallocation=falloc"}, "write -P 9 1M 100k")
+	var backwards []string
+	for i := 63; i >= 0; i-- {
+		if i%3 != 0 {
+			backwards = append(backwards, fmt.Sprintf("write -P %d %d 64k", i, i*65536))
+		}
+	}
+	add("fragmented", "4M", nil, backwards...)
+	// Let the host file system write back what qemu wrote: until then
+	// its allocation (st_blocks, unwritten extents) is still moving, and
+	// qemu's metadata-preallocation guess and host holes depend on it.
+	unix.Sync()
+	return images
 }

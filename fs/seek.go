@@ -1,0 +1,51 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"golang.org/x/sys/unix"
+
+	"github.com/qcowfs/qcowfs/qcow2"
+)
+
+var _ = (gofs.NodeLseeker)((*imageNode)(nil))
+
+// Lseek answers SEEK_DATA and SEEK_HOLE from the image's block status, with
+// the semantics of a local file (lseek(2)): SEEK_DATA returns the first
+// data offset at or after off, ENXIO if there is none or off is at or past
+// the end; SEEK_HOLE returns the first hole at or after off, the end of the
+// file counting as one, ENXIO if off is at or past the end. The kernel
+// handles SEEK_SET, SEEK_CUR and SEEK_END itself and only sends these two.
+func (n *imageNode) Lseek(ctx context.Context, f gofs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
+	h, ok := f.(*imageHandle)
+	if !ok {
+		return 0, syscall.EBADF
+	}
+	img := h.oi.img
+	if int64(off) < 0 || int64(off) >= img.Size() {
+		if whence == unix.SEEK_DATA || whence == unix.SEEK_HOLE {
+			return 0, syscall.ENXIO
+		}
+		return 0, syscall.EINVAL
+	}
+	var pos int64
+	var err error
+	switch whence {
+	case unix.SEEK_DATA:
+		pos, err = img.NextData(int64(off))
+		if errors.Is(err, qcow2.ErrNoData) {
+			return 0, syscall.ENXIO
+		}
+	case unix.SEEK_HOLE:
+		pos, err = img.NextHole(int64(off))
+	default:
+		return 0, syscall.EINVAL
+	}
+	if err != nil {
+		return 0, n.m.readFailed(h.oi, int64(off), err)
+	}
+	return uint64(pos), 0
+}

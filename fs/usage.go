@@ -1,0 +1,115 @@
+package fs
+
+import (
+	"sync"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+)
+
+// Disk usage: st_blocks of an image file.
+//
+// st_blocks tells `du` and `ls -s` how much an image really holds, and
+// tells `cp` whether to look for holes at all (coreutils only tries
+// SEEK_DATA when st_blocks*512 < st_size). The exact figure, the bytes
+// outside holes, needs every L2 table of the chain, so it is counted in the
+// background, one image at a time, after an image is first looked up;
+// until then st_blocks is the space the image's files take on the host,
+// capped at the virtual size. When the count is done the kernel is told to
+// drop the file's cached attributes.
+
+// maxUsageEntries bounds the usage table; it is cleared when full.
+const maxUsageEntries = 1 << 16
+
+type usageTable struct {
+	mu      sync.Mutex
+	bytes   map[version]int64       // exact data bytes, once counted
+	pending map[version]string      // queued or being counted: path
+	nodes   map[version]*gofs.Inode // the node to notify, if looked up
+	queue   chan version
+}
+
+func newUsageTable() *usageTable {
+	return &usageTable{
+		bytes:   map[version]int64{},
+		pending: map[version]string{},
+		nodes:   map[version]*gofs.Inode{},
+		queue:   make(chan version, 1024),
+	}
+}
+
+// get returns the counted data bytes of v, if known.
+func (u *usageTable) get(v version) (int64, bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	n, ok := u.bytes[v]
+	return n, ok
+}
+
+// request queues a count of the image at path, once per version. A full
+// queue drops the request; the estimate then stands until a later lookup.
+func (u *usageTable) request(v version, path string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if _, ok := u.bytes[v]; ok {
+		return
+	}
+	if _, ok := u.pending[v]; ok {
+		return
+	}
+	select {
+	case u.queue <- v:
+		u.pending[v] = path
+	default:
+	}
+}
+
+// watch remembers the node of v, to notify the kernel when v is counted.
+func (u *usageTable) watch(v version, n *gofs.Inode) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.nodes) >= maxUsageEntries {
+		clear(u.nodes)
+	}
+	u.nodes[v] = n
+}
+
+// run counts queued images until the process ends.
+func (m *mount) countUsage() {
+	u := m.usage
+	for v := range u.queue {
+		u.mu.Lock()
+		path := u.pending[v]
+		u.mu.Unlock()
+
+		n, err := m.dataBytes(path, v)
+		u.mu.Lock()
+		delete(u.pending, v)
+		if err == nil {
+			if len(u.bytes) >= maxUsageEntries {
+				clear(u.bytes)
+			}
+			u.bytes[v] = n
+		}
+		node := u.nodes[v]
+		u.mu.Unlock()
+		if err != nil {
+			m.log.Debug("cannot count the data of an image", "image", path, "err", err)
+			continue
+		}
+		if node != nil {
+			// Attributes only (offset -1): the content is unchanged.
+			node.NotifyContent(-1, 0)
+		}
+	}
+}
+
+// dataBytes counts the data of one image version, sharing the open image
+// (and so its block status index) with readers.
+func (m *mount) dataBytes(path string, v version) (int64, error) {
+	oi, err := m.acquire(path, v)
+	if err != nil {
+		return 0, err
+	}
+	defer m.release(v, oi)
+	return oi.img.DataBytes()
+}

@@ -1,0 +1,127 @@
+package qcow2
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"syscall"
+)
+
+// Refcounts (specification, "Host cluster management").
+//
+// Reading an image needs no refcounts. They are read for two things: to
+// tell, as qemu does, whether an image was made with
+// preallocation=metadata (its block status then asks the host file which
+// allocated clusters were never written), and for image checks.
+//
+// The refcount table (refcount_table_offset, refcount_table_clusters)
+// holds 64-bit refcount block offsets (bits 9-63); a refcount block is one
+// cluster of 2^refcount_order-bit entries, one per host cluster. Entries
+// narrower than a byte are packed starting at the least significant bit,
+// wider ones are big-endian.
+
+const (
+	reftOffsetMask = 0xfffffffffffffe00
+	// maxRefcountTableBytes is qemu's QCOW_MAX_REFTABLE_SIZE.
+	maxRefcountTableBytes = 8 << 20
+)
+
+// refcounts reads one layer's refcount structures; blocks go through the
+// layer's table cache. The table is read on first use.
+type refcounts struct {
+	once  sync.Once
+	table []uint64
+	err   error
+}
+
+func (l *layer) refcountTable() ([]uint64, error) {
+	r := &l.refs
+	r.once.Do(func() {
+		h := l.hdr
+		n := int64(h.RefcountTableClusters) * l.clusterSize()
+		buf := make([]byte, n)
+		if _, err := l.file.ReadAt(buf, int64(h.RefcountTableOffset)); err != nil {
+			r.err = fmt.Errorf("%s: reading the refcount table at byte offset %d: %w", l.name, h.RefcountTableOffset, err)
+			return
+		}
+		r.table = make([]uint64, n/8)
+		for i := range r.table {
+			r.table[i] = binary.BigEndian.Uint64(buf[i*8:])
+		}
+	})
+	return r.table, r.err
+}
+
+// refcount returns the reference count of host cluster c (c = host offset
+// >> cluster_bits). Clusters beyond the refcount table, or in a range whose
+// refcount block is not allocated, have refcount 0.
+func (l *layer) refcount(c int64) (uint64, error) {
+	table, err := l.refcountTable()
+	if err != nil {
+		return 0, err
+	}
+	width := int64(1) << l.hdr.RefcountOrder // bits per entry
+	perBlock := l.clusterSize() * 8 / width
+	ti := c / perBlock
+	if ti >= int64(len(table)) {
+		return 0, nil
+	}
+	entryOff := int64(l.hdr.RefcountTableOffset) + 8*ti
+	off := int64(table[ti] & reftOffsetMask)
+	if off == 0 {
+		return 0, nil
+	}
+	if off&(l.clusterSize()-1) != 0 || off > l.fileSize-l.clusterSize() {
+		return 0, &FormatError{File: l.name, Field: "refcount table entry", Value: table[ti], Offset: entryOff,
+			Msg: fmt.Sprintf("refcount block offset %#x is unaligned or past the end of the file", off)}
+	}
+	words, err := l.cache.get(cacheKey{owner: l.owner, off: off}, func() ([]uint64, error) {
+		return l.readTable(off, "refcount block")
+	})
+	if err != nil {
+		return 0, err
+	}
+	i := c % perBlock
+	bit := i * width // position of the entry in the block, in bits
+	w := words[bit/64]
+	mask := uint64(1)<<width - 1
+	if width == 64 {
+		mask = ^uint64(0)
+	}
+	if width >= 8 {
+		return (w >> (64 - bit%64 - width)) & mask, nil
+	}
+	byteInWord := (bit / 8) % 8
+	return (w >> (56 - 8*byteInWord + bit%8)) & mask, nil
+}
+
+// metadataPreallocated tells, like qemu's
+// qcow2_detect_metadata_preallocation, whether the image looks made with
+// preallocation=metadata: clusters in use (refcount > 0) number at least
+// max(10/9 of the clusters the host file really allocates, those plus
+// two). qemu's block status then asks the host file whether allocated
+// clusters hold data; so does Extent.
+func (l *layer) metadataPreallocated() bool {
+	l.preallocOnce.Do(func() {
+		var st syscall.Stat_t
+		if syscall.Fstat(int(l.file.Fd()), &st) != nil {
+			return
+		}
+		cs := l.clusterSize()
+		realClusters := st.Blocks * 512 / cs
+		threshold := max(realClusters*10/9, realClusters+2)
+		end := (l.fileSize + cs - 1) / cs
+		count := int64(0)
+		for c := int64(0); c < end && count < threshold; c++ {
+			n, err := l.refcount(c)
+			if err != nil {
+				return
+			}
+			if n != 0 {
+				count++
+			}
+		}
+		l.prealloc = count >= threshold
+	})
+	return l.prealloc
+}
