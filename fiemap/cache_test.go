@@ -32,9 +32,14 @@ func TestConcurrent(t *testing.T) {
 		}
 		for _, c := range configs {
 			t.Run(c.name, func(t *testing.T) {
+				// Small windows and cache, whatever the config, so
+				// that evictions happen under concurrency.
 				opt := &Options{WindowExtents: 8, CacheExtents: 20}
 				if c.opt != nil {
-					opt = c.opt
+					opt.Sync = c.opt.Sync
+					if c.opt.WindowExtents != 0 {
+						opt = c.opt
+					}
 				}
 				m := newMap(t, f, opt, c.method)
 				var wg sync.WaitGroup

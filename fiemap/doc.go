@@ -38,11 +38,12 @@
 // fallocate(2), or `qemu-img -o preallocation=falloc`) but never written: it
 // reads as zeros, so it is a hole, as ext4's and xfs's own SEEK_DATA say.
 // FIEMAP_EXTENT_DELALLOC is the opposite case: data written into the page
-// cache whose blocks the filesystem has not allocated yet; it is data. The
-// ioctl is never called with FIEMAP_FLAG_SYNC, which would write the file's
-// dirty pages back first: a Map must not cause writeback.
+// cache whose blocks the filesystem has not allocated yet; it is data.
 //
-// Not forcing writeback has a catch, seen on ext4 (kernel 6.18): a buffered
+// With Options.Sync the ioctl is called with FIEMAP_FLAG_SYNC, which writes
+// the file's dirty pages back first; an unwritten extent is then a hole,
+// full stop. Without it a Map causes no writeback, which has a catch, seen
+// on ext4 (kernel 6.18): a buffered
 // write into an unwritten extent leaves the extent flagged unwritten until
 // writeback converts it, up to dirty_expire_centisecs (30 s) later, while the
 // data sits in dirty pages and read(2) returns it. FIEMAP reports such an

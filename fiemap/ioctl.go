@@ -53,6 +53,7 @@ var (
 // DATA_ENCRYPTED, NOT_ALIGNED, DATA_INLINE, DATA_TAIL, MERGED, SHARED)
 // describe where or how data is stored; an extent carrying them is data.
 const (
+	fiemapFlagSync        = 0x00000001 // write dirty pages back before mapping
 	fiemapExtentLast      = 0x00000001 // last extent of the mapped range
 	fiemapExtentDelalloc  = 0x00000004 // location not allocated yet: dirty data
 	fiemapExtentUnwritten = 0x00000800 // space allocated, but no data (reads zeros)
@@ -72,7 +73,11 @@ func (m *Map) fiemapWindow(off, limit int64) (*window, error) {
 		m.buf = make([]uint64, (fiemapHeaderSize+n*fiemapExtentSize)/8)
 	}
 	m.fiemaps.Add(1)
-	exts, err := fiemap(m.rc, m.buf, off, limit-off)
+	flags := uint32(0)
+	if m.sync {
+		flags = fiemapFlagSync
+	}
+	exts, err := fiemap(m.rc, m.buf, off, limit-off, flags)
 	if err != nil {
 		return nil, m.ioctlError(off, err)
 	}
@@ -110,6 +115,9 @@ func (m *Map) fiemapWindow(off, limit int64) (*window, error) {
 			runs = appendRun(runs, s, t)
 			continue
 		}
+		if m.sync {
+			continue // written back: an unwritten extent reads zeros
+		}
 		var upTo int64
 		var err error
 		runs, upTo, err = m.seekRuns(runs, s, t, room-len(runs))
@@ -128,11 +136,10 @@ func (m *Map) fiemapWindow(off, limit int64) (*window, error) {
 // fiemap makes one FS_IOC_FIEMAP call for [start, start+length) on rc's
 // descriptor, with buf (a header and room for n extents) as its argument,
 // and returns the extents mapped, which live in buf.
-func fiemap(rc syscall.RawConn, buf []uint64, start, length int64) ([]fiemapExtent, error) {
+func fiemap(rc syscall.RawConn, buf []uint64, start, length int64, flags uint32) ([]fiemapExtent, error) {
 	n := (len(buf)*8 - fiemapHeaderSize) / fiemapExtentSize
 	hdr := (*fiemapHeader)(unsafe.Pointer(&buf[0]))
-	// No FIEMAP_FLAG_SYNC: it would write dirty pages back first.
-	*hdr = fiemapHeader{fmStart: uint64(start), fmLength: uint64(length), fmExtentCount: uint32(n)}
+	*hdr = fiemapHeader{fmStart: uint64(start), fmLength: uint64(length), fmFlags: flags, fmExtentCount: uint32(n)}
 	var errno syscall.Errno
 	if err := rc.Control(func(fd uintptr) {
 		_, _, errno = unix.Syscall(unix.SYS_IOCTL, fd, fsIocFiemap, uintptr(unsafe.Pointer(hdr)))

@@ -32,6 +32,12 @@ type Options struct {
 	// smaller. The window just asked for is always kept, so the cache can
 	// exceed the budget by at most one window.
 	CacheExtents int
+	// Sync asks FIEMAP to write the file's dirty pages back first
+	// (FIEMAP_FLAG_SYNC). Unwritten extents are then holes outright,
+	// without the lseek check of the page cache (see the package
+	// comment), so answers do not depend on which pages happen to be
+	// cached: the price is writeback of whatever is dirty in the file.
+	Sync bool
 }
 
 // A Method is the way a Map asks the host about a file.
@@ -96,6 +102,7 @@ type Map struct {
 	size          int64
 	windowExtents int
 	budget        int
+	sync          bool
 
 	mu      sync.RWMutex
 	windows []*window // sorted by start, disjoint
@@ -146,6 +153,7 @@ func New(f *os.File, opt *Options) (*Map, error) {
 		size:          fi.Size(),
 		windowExtents: o.WindowExtents,
 		budget:        o.CacheExtents,
+		sync:          o.Sync,
 		rc:            rc,
 	}, nil
 }

@@ -26,6 +26,11 @@ var configs = []struct {
 	{"auto tiny", &Options{WindowExtents: 2, CacheExtents: 3}, MethodUnknown, false},
 	{"lseek", nil, MethodLseek, true},
 	{"lseek tiny", &Options{WindowExtents: 2, CacheExtents: 3}, MethodLseek, false},
+	// With Sync, dirty pages are written back before mapping: the kernel's
+	// answers (taken before) stay right, and unwritten extents are holes
+	// without a look at the page cache.
+	{"sync", &Options{Sync: true}, MethodUnknown, true},
+	{"sync tiny", &Options{Sync: true, WindowExtents: 2, CacheExtents: 3}, MethodUnknown, false},
 }
 
 // TestMatchesKernel compares a Map with the kernel's own
@@ -151,7 +156,7 @@ func TestUnwrittenNeedsCheck(t *testing.T) {
 // fiemapWindowRaw logs what FIEMAP alone says about the file, for the
 // record.
 func (m *Map) fiemapWindowRaw(t *testing.T) error {
-	exts, err := fiemap(m.rc, make([]uint64, (fiemapHeaderSize+16*fiemapExtentSize)/8), 0, m.size)
+	exts, err := fiemap(m.rc, make([]uint64, (fiemapHeaderSize+16*fiemapExtentSize)/8), 0, m.size, 0)
 	for _, e := range exts {
 		t.Logf("FIEMAP alone: [%d, +%d) flags %#x", e.feLogical, e.feLength, e.feFlags)
 	}

@@ -77,7 +77,7 @@ func NewRoot(cfg Config) (gofs.InodeEmbedder, error) {
 		cfg.Log = slog.Default()
 	}
 	if cfg.Image.Cache == nil {
-		cfg.Image.Cache = qcow2.NewCache(qcow2.DefaultCacheSize)
+		cfg.Image.Cache = qcow2.NewCache(qcow2.DefaultCacheSize, qcow2.DefaultClusterCacheSize)
 	}
 	src, err := filepath.Abs(cfg.Source)
 	if err != nil {

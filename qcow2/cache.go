@@ -2,6 +2,7 @@ package qcow2
 
 import (
 	"hash/maphash"
+	"runtime"
 	"sync"
 	"sync/atomic"
 )
@@ -31,6 +32,12 @@ type Cache struct {
 	m         sync.Map // cacheKey -> *cacheEntry
 	shards    [cacheShards]cacheShard
 	nextOwner atomic.Uint64
+
+	// clusters holds decompressed clusters, in a budget of its own.
+	clusters *clusterCache
+	// inflaters bounds the goroutines inflating clusters in the
+	// background or in parallel for one read, across all images.
+	inflaters chan struct{}
 }
 
 // cacheKey names a table: which layer (owner) and where in its file.
@@ -48,24 +55,29 @@ type cacheEntry struct {
 	ref    atomic.Bool   // CLOCK reference bit
 }
 
-// cacheShard: mu guards ring, hand and bytes.
+func (e *cacheEntry) refBit() *atomic.Bool { return &e.ref }
+func (e *cacheEntry) bytes() int64         { return int64(len(e.table)) * 8 }
+
+// cacheShard: mu guards ring.
 type cacheShard struct {
-	mu       sync.Mutex
-	ring     []*cacheEntry
-	hand     int
-	bytes    int64
-	capacity int64
+	mu   sync.Mutex
+	ring clockRing[*cacheEntry]
 
 	hits, misses atomic.Uint64
 	_            [64]byte // keep shards' counters on separate cache lines
 }
 
-// NewCache returns a cache holding at most size bytes of tables (at least
-// one table per shard is always kept, so tiny budgets still work).
-func NewCache(size int64) *Cache {
-	c := &Cache{seed: maphash.MakeSeed()}
+// NewCache returns a cache holding at most tables bytes of metadata tables
+// and clusters bytes of decompressed clusters. (At least one entry per
+// shard is always kept, so tiny budgets still work.)
+func NewCache(tables, clusters int64) *Cache {
+	c := &Cache{
+		seed:      maphash.MakeSeed(),
+		clusters:  newClusterCache(clusters),
+		inflaters: make(chan struct{}, runtime.GOMAXPROCS(0)),
+	}
 	for i := range c.shards {
-		c.shards[i].capacity = size / cacheShards
+		c.shards[i].ring.capacity = tables / cacheShards
 	}
 	return c
 }
@@ -126,63 +138,20 @@ func (c *Cache) get(k cacheKey, load func() ([]uint64, error)) ([]uint64, error)
 		return nil, err
 	}
 	s.mu.Lock()
-	s.insert(c, e)
+	s.ring.add(e, c.forget)
 	s.mu.Unlock()
 	return table, nil
 }
 
-// insert adds a loaded entry to the CLOCK ring, evicting others until the
-// shard is within its budget. Called with s.mu held.
-func (s *cacheShard) insert(c *Cache, e *cacheEntry) {
-	size := int64(len(e.table)) * 8
-	for s.bytes+size > s.capacity && len(s.ring) > 0 {
-		s.evictOne(c)
-	}
-	s.ring = append(s.ring, e)
-	s.bytes += size
-}
-
-// evictOne advances the clock hand to the first entry whose reference bit
-// is clear, clearing bits as it passes, and removes that entry.
-func (s *cacheShard) evictOne(c *Cache) {
-	for {
-		if s.hand >= len(s.ring) {
-			s.hand = 0
-		}
-		e := s.ring[s.hand]
-		if e.ref.Swap(false) {
-			s.hand++
-			continue
-		}
-		s.removeAt(c, s.hand)
-		return
-	}
-}
-
-// removeAt drops ring entry i from the ring and the map. Called with s.mu
-// held.
-func (s *cacheShard) removeAt(c *Cache, i int) {
-	e := s.ring[i]
-	last := len(s.ring) - 1
-	s.ring[i] = s.ring[last]
-	s.ring[last] = nil
-	s.ring = s.ring[:last]
-	c.m.CompareAndDelete(e.key, e)
-	s.bytes -= int64(len(e.table)) * 8
-}
+// forget drops an evicted entry from the map (unless it was replaced).
+func (c *Cache) forget(e *cacheEntry) { c.m.CompareAndDelete(e.key, e) }
 
 // drop removes every table of owner; it is called when a layer is closed.
 func (c *Cache) drop(owner uint64) {
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
-		for j := 0; j < len(s.ring); {
-			if s.ring[j].key.owner == owner {
-				s.removeAt(c, j)
-				continue
-			}
-			j++
-		}
+		s.ring.removeIf(func(e *cacheEntry) bool { return e.key.owner == owner }, c.forget)
 		s.mu.Unlock()
 	}
 }

@@ -9,7 +9,7 @@ import (
 
 // TestCacheLoadsOnce: concurrent misses on one table load it once.
 func TestCacheLoadsOnce(t *testing.T) {
-	c := NewCache(1 << 20)
+	c := NewCache(1<<20, 0)
 	var loads atomic.Int32
 	release := make(chan struct{})
 	var wg sync.WaitGroup
@@ -37,16 +37,16 @@ func TestCacheLoadsOnce(t *testing.T) {
 // TestCacheBounded: the cache never holds more than its budget, and a
 // table used again and again survives a scan of others (CLOCK).
 func TestCacheBounded(t *testing.T) {
-	const tableWords = 1024                         // 8 KiB tables
-	c := NewCache(cacheShards * 4 * tableWords * 8) // 4 tables per shard
+	const tableWords = 1024                      // 8 KiB tables
+	c := NewCache(cacheShards*4*tableWords*8, 0) // 4 tables per shard
 	load := func() ([]uint64, error) { return make([]uint64, tableWords), nil }
 	hot := cacheKey{owner: 2, off: 0}
 	for i := 0; i < 10000; i++ {
 		c.get(cacheKey{owner: 1, off: int64(i) * 8192}, load)
 		c.get(hot, load)
 		for s := range c.shards {
-			if b := c.shards[s].bytes; b > c.shards[s].capacity {
-				t.Fatalf("shard %d holds %d bytes, capacity %d", s, b, c.shards[s].capacity)
+			if b := c.shards[s].ring.used; b > c.shards[s].ring.capacity {
+				t.Fatalf("shard %d holds %d bytes, capacity %d", s, b, c.shards[s].ring.capacity)
 			}
 		}
 	}
@@ -65,7 +65,7 @@ func TestCacheBounded(t *testing.T) {
 
 // TestCacheErrorsNotCached: a failed load is retried by the next get.
 func TestCacheErrorsNotCached(t *testing.T) {
-	c := NewCache(1 << 20)
+	c := NewCache(1<<20, 0)
 	k := cacheKey{owner: 7, off: 0}
 	if _, err := c.get(k, func() ([]uint64, error) { return nil, errors.New("boom") }); err == nil {
 		t.Fatal("want the load's error")
@@ -78,7 +78,7 @@ func TestCacheErrorsNotCached(t *testing.T) {
 
 // TestCacheDrop removes one owner's tables only.
 func TestCacheDrop(t *testing.T) {
-	c := NewCache(1 << 20)
+	c := NewCache(1<<20, 0)
 	load := func() ([]uint64, error) { return []uint64{0}, nil }
 	for i := 0; i < 100; i++ {
 		c.get(cacheKey{owner: 1, off: int64(i)}, load)
@@ -100,7 +100,7 @@ func TestCacheDrop(t *testing.T) {
 
 // BenchmarkCacheHit measures parallel hits on 64 tables that fit.
 func BenchmarkCacheHit(b *testing.B) {
-	c := NewCache(64 << 20)
+	c := NewCache(64<<20, 0)
 	load := func() ([]uint64, error) { return make([]uint64, 8192), nil }
 	for i := 0; i < 64; i++ {
 		c.get(cacheKey{owner: 1, off: int64(i)}, load)

@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/qcowfs/qcowfs/readahead"
 )
 
 // Compressed clusters (specification, "Compressed Clusters Descriptor").
@@ -21,6 +23,16 @@ import (
 // shared with the next compressed cluster. "zlib" compression is raw
 // deflate without the zlib header; zstd is a zstd frame. Decompression
 // stops once a full cluster is produced: what follows is garbage.
+//
+// How they are read: the host reads go through a readahead.Reader per
+// layer, which turns a sequential scan's many small adjacent reads into a
+// few large ones. A read covering a whole cluster inflates straight into
+// the caller's buffer; a partial read goes through the Cache's
+// decompressed-cluster cache, so the cluster is inflated once for all the
+// reads inside it. A read spanning several compressed clusters inflates
+// them in parallel, and a sequential run of partial reads has the next
+// clusters inflated ahead of it in the background. Decoder state and
+// buffers come from pools.
 
 // compressedRange decodes the host byte range of a compressed entry.
 func (l *layer) compressedRange(e l2Entry) (off, size int64) {
@@ -30,31 +42,27 @@ func (l *layer) compressedRange(e l2Entry) (off, size int64) {
 	return off, sectors*512 - off&511
 }
 
-// decompressor decompresses whole clusters, reusing buffers and decoder
-// state between calls through pools.
+// decompressor decompresses whole clusters of one layer, reusing decoder
+// state and input buffers through pools.
 type decompressor struct {
 	typ         uint8
 	clusterSize int
-	bufs        sync.Pool // *[]byte: compressed input, then the cluster
-	flates      sync.Pool // io.ReadCloser that is a flate.Resetter
+	inputs      sync.Pool // *[]byte of two clusters: the largest descriptor
+	raws        sync.Pool // *rawInflater (libdeflate)
+	flates      sync.Pool // compress/flate readers (fallback)
 	zstds       sync.Pool // *zstd.Decoder
 }
 
 func newDecompressor(typ uint8, clusterSize int64) *decompressor {
-	return &decompressor{typ: typ, clusterSize: int(clusterSize)}
-}
-
-// scratch returns a buffer of 3 clusters: up to 2 for compressed input
-// (the largest descriptor spans 2 clusters), then 1 for the output.
-func (d *decompressor) scratch() *[]byte {
-	if b, ok := d.bufs.Get().(*[]byte); ok {
-		return b
+	d := &decompressor{typ: typ, clusterSize: int(clusterSize)}
+	d.inputs.New = func() any {
+		b := make([]byte, 2*d.clusterSize)
+		return &b
 	}
-	b := make([]byte, 3*d.clusterSize)
-	return &b
+	return d
 }
 
-// decompress inflates src into dst, which is one cluster long.
+// decompress inflates src into all of dst, one cluster.
 func (d *decompressor) decompress(dst, src []byte) error {
 	if d.typ == compressionZstd {
 		dec, _ := d.zstds.Get().(*zstd.Decoder)
@@ -72,6 +80,22 @@ func (d *decompressor) decompress(dst, src []byte) error {
 		_, err := io.ReadFull(dec, dst)
 		return err
 	}
+	if haveLibdeflate {
+		r, _ := d.raws.Get().(*rawInflater)
+		if r == nil {
+			r = newRawInflater()
+		}
+		if r != nil {
+			err := r.inflate(dst, src)
+			d.raws.Put(r)
+			if err == nil {
+				return nil
+			}
+			// Streams libdeflate does not decode exactly to one cluster
+			// (longer ones, say) are left to compress/flate, which
+			// stops at a full cluster as qemu's zlib does.
+		}
+	}
 	fr, _ := d.flates.Get().(io.ReadCloser)
 	if fr == nil {
 		fr = flate.NewReader(bytes.NewReader(src))
@@ -83,9 +107,18 @@ func (d *decompressor) decompress(dst, src []byte) error {
 	return err
 }
 
-// readCompressed fills p with guest bytes starting at guest offset off,
-// all inside the compressed cluster described by e (found at entryOff).
-func (l *layer) readCompressed(p []byte, off int64, e l2Entry, entryOff int64) error {
+// compressedReader returns the readahead reader for compressed data of
+// this layer, made on first use.
+func (l *layer) compressedReader() *readahead.Reader {
+	l.raOnce.Do(func() {
+		l.ra = readahead.New(l.file, readahead.Options{MaxWindow: 2 << 20, MaxStreams: 4})
+	})
+	return l.ra
+}
+
+// inflate decompresses the compressed cluster e (found at entryOff) into
+// dst, one cluster long.
+func (l *layer) inflate(dst []byte, e l2Entry, entryOff int64) error {
 	if l.dataFile != nil {
 		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
 			Msg: "compressed cluster in an image with an external data file"}
@@ -96,22 +129,84 @@ func (l *layer) readCompressed(p []byte, off int64, e l2Entry, entryOff int64) e
 			Msg: fmt.Sprintf("compressed cluster at byte offset %d is past the end of the file (%d bytes)", coff, l.fileSize)}
 	}
 	// The last sector may be cut short by the end of the file, as qemu
-	// writes it; the deflate stream itself must still be complete.
+	// writes it; the compressed stream itself must still be complete.
 	csize = min(csize, l.fileSize-coff)
 
 	d := l.decomp
-	bp := d.scratch()
-	defer d.bufs.Put(bp)
-	buf := *bp
-	src := buf[:csize]
-	dst := buf[2*d.clusterSize:]
-	if _, err := l.file.ReadAt(src, coff); err != nil && err != io.EOF {
+	bp := d.inputs.Get().(*[]byte)
+	defer d.inputs.Put(bp)
+	src := (*bp)[:csize]
+	if _, err := l.compressedReader().ReadAt(src, coff); err != nil && err != io.EOF {
 		return fmt.Errorf("%s: reading compressed cluster at byte offset %d: %w", l.name, coff, err)
 	}
 	if err := d.decompress(dst, src); err != nil {
 		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
 			Msg: fmt.Sprintf("compressed cluster at byte offset %d (%d bytes, %s): %v", coff, csize, l.hdr.CompressionName(), err)}
 	}
-	copy(p, dst[off&(l.clusterSize()-1):])
 	return nil
+}
+
+// readCompressed fills p with guest bytes starting at guest offset off,
+// all inside the compressed cluster described by e (found at entryOff).
+func (l *layer) readCompressed(p []byte, off int64, e l2Entry, entryOff int64) error {
+	cs := l.clusterSize()
+	within := off & (cs - 1)
+	if within == 0 && int64(len(p)) == cs {
+		return l.inflate(p, e, entryOff)
+	}
+	coff, _ := l.compressedRange(e)
+	ce, err := l.cache.clusters.get(clusterKey{owner: l.owner, off: coff}, int(cs), func(dst []byte) error {
+		return l.inflate(dst, e, entryOff)
+	})
+	if err != nil {
+		return err
+	}
+	copy(p, ce.data()[within:])
+	ce.release()
+	l.readAhead(off >> l.clusterBits)
+	return nil
+}
+
+// prefetchDepth is how many clusters are inflated ahead of a sequential
+// run of partial reads.
+const prefetchDepth = 8
+
+// readAhead notes a partial read of guest cluster g; when it continues a
+// sequential run, the next clusters that are compressed in this layer are
+// inflated into the cluster cache by background goroutines, as many as
+// the Cache's inflater slots allow (a busy Cache skips prefetching).
+func (l *layer) readAhead(g int64) {
+	last := l.lastCluster.Swap(g)
+	if g != last+1 || !l.prefetching.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer l.prefetching.Store(false)
+		cs := l.clusterSize()
+		for next := g + 1; next <= g+prefetchDepth && next*cs < l.size; next++ {
+			r, err := l.lookup(next*cs, cs)
+			if err != nil || r.kind != kindCompressed {
+				continue
+			}
+			coff, _ := l.compressedRange(r.entry)
+			k := clusterKey{owner: l.owner, off: coff}
+			if l.cache.clusters.contains(k) {
+				continue
+			}
+			select {
+			case l.cache.inflaters <- struct{}{}:
+			default:
+				return // every inflater is busy
+			}
+			go func() {
+				defer func() { <-l.cache.inflaters }()
+				ce, err := l.cache.clusters.get(k, int(cs), func(dst []byte) error {
+					return l.inflate(dst, r.entry, r.entryOff)
+				})
+				if err == nil {
+					ce.release()
+				}
+			}()
+		}
+	}()
 }

@@ -159,7 +159,10 @@ func (l *layer) extent(off, n int64, p probe) (Extent, error) {
 // use; nil if the file cannot be mapped (then everything is data).
 func (l *layer) hostMap() *fiemap.Map {
 	l.hostOnce.Do(func() {
-		if m, err := fiemap.New(l.data(), nil); err == nil {
+		// Sync: dirty pages in the image (qemu just wrote it) are
+		// written back first, so an unwritten extent is a hole for sure
+		// and answers do not depend on what the page cache holds.
+		if m, err := fiemap.New(l.data(), &fiemap.Options{Sync: true}); err == nil {
 			l.host.Store(m)
 		}
 	})

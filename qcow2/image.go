@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/qcowfs/qcowfs/fiemap"
+	"github.com/qcowfs/qcowfs/readahead"
 )
 
 // Options configure Open. The zero value is usable.
@@ -90,12 +91,18 @@ type layer struct {
 	prealloc     bool // see metadataPreallocated
 	hostOnce     sync.Once
 	host         atomic.Pointer[fiemap.Map] // holes of the data file; nil if unknown
+
+	// Compressed clusters (compress.go).
+	raOnce      sync.Once
+	ra          *readahead.Reader // host reads of compressed data
+	lastCluster atomic.Int64      // guest cluster of the last partial read
+	prefetching atomic.Bool       // a readAhead goroutine is running
 }
 
 // Open opens the qcow2 image at path and its whole backing chain.
 func Open(path string, opts Options) (*Image, error) {
 	if opts.Cache == nil {
-		opts.Cache = NewCache(DefaultCacheSize)
+		opts.Cache = NewCache(DefaultCacheSize, DefaultClusterCacheSize)
 	}
 	if opts.MaxChainDepth <= 0 {
 		opts.MaxChainDepth = DefaultMaxChainDepth
@@ -129,6 +136,12 @@ func (img *Image) Close() error {
 		}
 		if m := l.host.Load(); m != nil {
 			m.Close()
+		}
+		if l.ra != nil {
+			l.ra.Close()
+		}
+		if l.owner != 0 {
+			img.cache.clusters.drop(l.owner)
 		}
 		if err := l.file.Close(); err != nil && first == nil {
 			first = err
@@ -339,7 +352,9 @@ func (l *layer) data() *os.File {
 }
 
 // ReadAt reads len(p) bytes of the virtual disk at off. Like io.ReaderAt,
-// it returns io.EOF when the read reaches the end of the disk.
+// it returns io.EOF when the read reaches the end of the disk. Compressed
+// clusters of one read are inflated in parallel, on as many goroutines as
+// the Cache allows.
 func (img *Image) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("%s: negative offset %d", img.top.name, off)
@@ -352,21 +367,58 @@ func (img *Image) ReadAt(p []byte, off int64) (int, error) {
 	if int64(len(p)) > size-off {
 		p = p[:size-off]
 	}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+		errAt    = len(p)
+	)
+	fail := func(at int, err error) {
+		mu.Lock()
+		if at < errAt {
+			firstErr, errAt = err, at
+		}
+		mu.Unlock()
+	}
 	done := 0
 	for done < len(p) {
 		e, err := img.top.extent(off+int64(done), int64(len(p)-done), probeNone)
 		if err != nil {
-			return done, err
+			fail(done, err)
+			break
 		}
-		if err := e.read(p[done : done+int(e.Length)]); err != nil {
-			return done, err
-		}
+		dst := p[done : done+int(e.Length)]
+		at := done
 		done += int(e.Length)
+		if e.Status&StatusCompressed != 0 && done < len(p) {
+			// More follows: inflate this one on another goroutine
+			// if one is free, else here.
+			select {
+			case img.cache.inflaters <- struct{}{}:
+				wg.Add(1)
+				go func() {
+					defer func() { <-img.cache.inflaters; wg.Done() }()
+					if err := e.read(dst); err != nil {
+						fail(at, err)
+					}
+				}()
+				continue
+			default:
+			}
+		}
+		if err := e.read(dst); err != nil {
+			fail(at, err)
+			break
+		}
 	}
-	if done < want {
-		return done, io.EOF
+	wg.Wait()
+	if firstErr != nil {
+		return errAt, firstErr
 	}
-	return done, nil
+	if len(p) < want {
+		return len(p), io.EOF
+	}
+	return len(p), nil
 }
 
 // read fills p (len(p) == e.Length) with the extent's bytes.

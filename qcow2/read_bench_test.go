@@ -58,7 +58,7 @@ func BenchmarkReadAt(b *testing.B) {
 		{"1M/rand/cold", 1 << 20, true, 4096, 1},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			img, err := qcow2.Open(benchImagePath(b, bc.cluster), qcow2.Options{Cache: qcow2.NewCache(bc.cache)})
+			img, err := qcow2.Open(benchImagePath(b, bc.cluster), qcow2.Options{Cache: qcow2.NewCache(bc.cache, 0)})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -23,7 +23,7 @@ func TestReadMatchesQemu(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			img, err := qcow2.Open(im.Path, qcow2.Options{Cache: qcow2.NewCache(256 << 10)})
+			img, err := qcow2.Open(im.Path, qcow2.Options{Cache: qcow2.NewCache(256<<10, 1<<20)})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -33,8 +33,9 @@ var ErrNoData = errors.New("no data after offset")
 
 const (
 	chunkMin = 64 << 20
-	// defaultIndexRuns bounds the runs an index keeps: 16 bytes each.
-	defaultIndexRuns = 1 << 16
+	// indexBudget bounds the memory of one image's index: 1 MiB, 64Ki
+	// runs of 16 bytes.
+	indexBudget = 1 << 20
 )
 
 // dataRun is a range of guest bytes that holds data: [start, end).
@@ -47,19 +48,19 @@ type chunkRuns struct {
 	idx  int64
 }
 
-// statusIndex caches the data runs of chunks. mu guards chunks, ring, hand
-// and runs; entries are immutable once published. Building a chunk
-// happens outside the lock; two requests may build the same chunk at once,
-// and the second result is dropped.
+func (e *chunkRuns) refBit() *atomic.Bool { return &e.ref }
+func (e *chunkRuns) bytes() int64         { return int64(len(e.runs)+1) * 16 }
+
+// statusIndex caches the data runs of chunks. mu guards chunks and ring;
+// entries are immutable once published. Building a chunk happens outside
+// the lock; two requests may build the same chunk at once, and the second
+// result is dropped.
 type statusIndex struct {
 	chunkBits uint
-	budget    int
 
 	mu     sync.Mutex
 	chunks map[int64]*chunkRuns
-	ring   []*chunkRuns
-	hand   int
-	runs   int // runs held, plus one per chunk
+	ring   clockRing[*chunkRuns]
 }
 
 func (img *Image) index() *statusIndex {
@@ -71,7 +72,8 @@ func (img *Image) index() *statusIndex {
 				bits = b
 			}
 		}
-		img.idx = &statusIndex{chunkBits: bits, budget: defaultIndexRuns, chunks: map[int64]*chunkRuns{}}
+		img.idx = &statusIndex{chunkBits: bits, chunks: map[int64]*chunkRuns{}}
+		img.idx.ring.capacity = indexBudget
 	})
 	return img.idx
 }
@@ -97,34 +99,9 @@ func (img *Image) chunk(c int64) ([]dataRun, error) {
 		return e.runs, nil
 	}
 	e := &chunkRuns{runs: runs, idx: c}
-	cost := len(runs) + 1
-	for x.runs+cost > x.budget && len(x.ring) > 0 {
-		x.evictOne()
-	}
+	x.ring.add(e, func(old *chunkRuns) { delete(x.chunks, old.idx) })
 	x.chunks[c] = e
-	x.ring = append(x.ring, e)
-	x.runs += cost
 	return runs, nil
-}
-
-func (x *statusIndex) evictOne() {
-	for {
-		if x.hand >= len(x.ring) {
-			x.hand = 0
-		}
-		e := x.ring[x.hand]
-		if e.ref.Swap(false) {
-			x.hand++
-			continue
-		}
-		last := len(x.ring) - 1
-		x.ring[x.hand] = x.ring[last]
-		x.ring[last] = nil
-		x.ring = x.ring[:last]
-		delete(x.chunks, e.idx)
-		x.runs -= len(e.runs) + 1
-		return
-	}
 }
 
 // buildChunk walks the extents of [start, end) (clipped to the disk) and

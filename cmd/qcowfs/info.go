@@ -20,7 +20,7 @@ func (c *infoCmd) Run() error {
 	// rather than refuse it: "corrupt: true" is part of the answer.
 	// Like qemu-img info, describe the image without opening its
 	// backing chain (which may be missing).
-	img, err := qcow2.Open(c.Image, qcow2.Options{Cache: qcow2.NewCache(1 << 20), AllowCorrupt: true, NoBacking: true})
+	img, err := qcow2.Open(c.Image, qcow2.Options{Cache: qcow2.NewCache(1<<20, 0), AllowCorrupt: true, NoBacking: true})
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ type mapCmd struct {
 // written for it work unchanged. The JSON entries also carry
 // "compressed", as qemu 8 and later print it.
 func (c *mapCmd) Run() error {
-	img, err := qcow2.Open(c.Image, qcow2.Options{Cache: qcow2.NewCache(qcow2.DefaultCacheSize)})
+	img, err := qcow2.Open(c.Image, qcow2.Options{Cache: qcow2.NewCache(qcow2.DefaultCacheSize, qcow2.DefaultClusterCacheSize)})
 	if err != nil {
 		return err
 	}

@@ -29,13 +29,14 @@ type mountCmd struct {
 	Foreground  bool     `short:"f" help:"Stay in the foreground and log to stderr; unmount on SIGINT or SIGTERM."`
 	AllowOther  bool     `help:"Let other users read the mount (as non-root this needs user_allow_other in /etc/fuse.conf). File permissions still apply."`
 	L2CacheSize byteSize `name:"l2-cache-size" default:"32M" placeholder:"SIZE" help:"Memory for L2 tables, shared by all images: 32M maps 256 GiB of disk at 64 KiB clusters."`
+	CacheSize   byteSize `default:"64M" placeholder:"SIZE" help:"Memory for decompressed clusters of compressed images, shared by all images."`
 	LogLevel    string   `enum:"debug,info,warn,error" default:"info" help:"Least severe log messages to keep: debug, info, warn or error."`
 	LogFile     string   `placeholder:"PATH" help:"Append the log here. Default: syslog when running as a daemon, stderr with --foreground."`
 	Debug       bool     `help:"Log every FUSE request and reply (very verbose)."`
 	ReadAhead   byteSize `default:"4M" placeholder:"SIZE" help:"Kernel readahead for the mount (root only; the kernel's FUSE default is 128K)."`
 	ReadPath    string   `enum:"splice,copy" default:"splice" help:"How reads of uncompressed data are answered: splice (zero-copy from the image file) or copy (through a buffer)."`
 	CPUProfile  string   `placeholder:"PATH" help:"Write a Go CPU profile of the daemon here, from mount to unmount."`
-	Options     []string `short:"o" sep:"," placeholder:"OPT" help:"Options in mount(8) style: ro, allow_other, l2_cache_size=SIZE, read_ahead=SIZE, read_path=splice|copy, log_level=LEVEL, log_file=PATH, debug, foreground. Generic ones (rw, dev, suid, exec, auto, noauto, user, nofail, _netdev, x-*, ...) are accepted and ignored."`
+	Options     []string `short:"o" sep:"," placeholder:"OPT" help:"Options in mount(8) style: ro, allow_other, l2_cache_size=SIZE, cache_size=SIZE, read_ahead=SIZE, read_path=splice|copy, log_level=LEVEL, log_file=PATH, debug, foreground. Generic ones (rw, dev, suid, exec, auto, noauto, user, nofail, _netdev, x-*, ...) are accepted and ignored."`
 	// Fake is mount(8)'s -f passed to a mount.qcowfs helper: check the
 	// options, mount nothing.
 	Fake bool `hidden:"" help:"Check the options but mount nothing (mount -f)."`
@@ -106,6 +107,10 @@ func (c *mountCmd) applyOptions() error {
 			if err := c.L2CacheSize.UnmarshalText([]byte(val)); err != nil || !hasVal {
 				return fmt.Errorf("option %s: want a size such as 32M", o)
 			}
+		case "cache_size":
+			if err := c.CacheSize.UnmarshalText([]byte(val)); err != nil || !hasVal {
+				return fmt.Errorf("option %s: want a size such as 64M", o)
+			}
 		case "read_ahead":
 			if err := c.ReadAhead.UnmarshalText([]byte(val)); err != nil || !hasVal {
 				return fmt.Errorf("option %s: want a size such as 4M", o)
@@ -154,7 +159,7 @@ func (c *mountCmd) preflight() error {
 	case st.Mode().IsRegular():
 		// A single image: refuse it now rather than mount an empty
 		// folder.
-		img, err := qcow2.Open(c.Source, qcow2.Options{Cache: qcow2.NewCache(1 << 20)})
+		img, err := qcow2.Open(c.Source, qcow2.Options{Cache: qcow2.NewCache(1<<20, 0)})
 		if err != nil {
 			return fmt.Errorf("source: %w", err)
 		}
@@ -370,7 +375,7 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	}
 	cfg := fs.Config{
 		Source: c.Source,
-		Image:  qcow2.Options{Cache: qcow2.NewCache(int64(c.L2CacheSize))},
+		Image:  qcow2.Options{Cache: qcow2.NewCache(int64(c.L2CacheSize), int64(c.CacheSize))},
 		Log:    logger,
 	}
 	if c.ReadPath == "copy" {
