@@ -111,9 +111,9 @@ func (d *decompressor) decompress(dst, src []byte) error {
 // this layer, made on first use.
 func (l *layer) compressedReader() *readahead.Reader {
 	l.raOnce.Do(func() {
-		l.ra = readahead.New(l.file, readahead.Options{MaxWindow: 2 << 20, MaxStreams: 4})
+		l.ra.Store(readahead.New(l.file, readahead.Options{MaxWindow: 2 << 20, MaxStreams: 4}))
 	})
-	return l.ra
+	return l.ra.Load()
 }
 
 // inflate decompresses the compressed cluster e (found at entryOff) into
@@ -139,6 +139,7 @@ func (l *layer) inflate(dst []byte, e l2Entry, entryOff int64) error {
 	if _, err := l.compressedReader().ReadAt(src, coff); err != nil && err != io.EOF {
 		return fmt.Errorf("%s: reading compressed cluster at byte offset %d: %w", l.name, coff, err)
 	}
+	l.inflates.Add(1)
 	if err := d.decompress(dst, src); err != nil {
 		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
 			Msg: fmt.Sprintf("compressed cluster at byte offset %d (%d bytes, %s): %v", coff, csize, l.hdr.CompressionName(), err)}

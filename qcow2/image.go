@@ -94,9 +94,10 @@ type layer struct {
 
 	// Compressed clusters (compress.go).
 	raOnce      sync.Once
-	ra          *readahead.Reader // host reads of compressed data
-	lastCluster atomic.Int64      // guest cluster of the last partial read
-	prefetching atomic.Bool       // a readAhead goroutine is running
+	ra          atomic.Pointer[readahead.Reader] // host reads of compressed data
+	lastCluster atomic.Int64                     // guest cluster of the last partial read
+	prefetching atomic.Bool                      // a readAhead goroutine is running
+	inflates    atomic.Int64                     // compressed clusters inflated
 }
 
 // Open opens the qcow2 image at path and its whole backing chain.
@@ -137,8 +138,8 @@ func (img *Image) Close() error {
 		if m := l.host.Load(); m != nil {
 			m.Close()
 		}
-		if l.ra != nil {
-			l.ra.Close()
+		if ra := l.ra.Load(); ra != nil {
+			ra.Close()
 		}
 		if l.owner != 0 {
 			img.cache.clusters.drop(l.owner)

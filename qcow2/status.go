@@ -197,15 +197,30 @@ func (img *Image) DataBytes() (int64, error) {
 	return total, nil
 }
 
-// HostStats returns the number of calls made to host files (FIEMAP ioctls
-// and lseeks) to find their holes, over every layer of the chain.
-func (img *Image) HostStats() (calls int64) {
+// Stats counts what an image's reads and block status cost, over every
+// layer of its chain.
+type Stats struct {
+	Inflates        int64 // compressed clusters inflated
+	CompressedReads int64 // reads of compressed data (one per inflate)
+	HostReads       int64 // reads those turned into on the host files
+	HoleProbes      int64 // FIEMAP ioctls and lseeks to find host holes
+}
+
+// Stats returns the image's counters.
+func (img *Image) Stats() Stats {
+	var s Stats
 	for l := img.top; l != nil; l = l.backing {
 		if m := l.host.Load(); m != nil {
-			calls += m.Stats().HostCalls()
+			s.HoleProbes += m.Stats().HostCalls()
+		}
+		s.Inflates += l.inflates.Load()
+		if ra := l.ra.Load(); ra != nil {
+			rs := ra.Stats()
+			s.CompressedReads += rs.Calls
+			s.HostReads += rs.Reads
 		}
 	}
-	return calls
+	return s
 }
 
 // AllocatedBytes returns the space the host file systems allocate for all

@@ -49,16 +49,20 @@ func Matrix(t testing.TB, dir string) []Image {
 	raw := filepath.Join(dir, "patterns.raw")
 	Create(t, "raw", raw, "12M")
 	rawIO(t, raw, patternWrites(65536, 12<<20)...)
-	for _, cs := range []int{4096, 65536, 2 << 20} {
-		name := fmt.Sprintf("compressed-c%d", cs)
-		p := filepath.Join(dir, name+".qcow2")
-		Img(t, "convert", "-q", "-c", "-O", "qcow2", "-o", fmt.Sprintf("cluster_size=%d", cs), raw, p)
-		add(name, p)
+	for _, ct := range []string{"zlib", "zstd"} {
+		for _, cs := range []int{4096, 65536, 2 << 20} {
+			name := fmt.Sprintf("compressed-%s-c%d", ct, cs)
+			p := filepath.Join(dir, name+".qcow2")
+			Img(t, "convert", "-q", "-c", "-O", "qcow2", "-o", fmt.Sprintf("cluster_size=%d,compression_type=%s", cs, ct), raw, p)
+			add(name, p)
+		}
+		// Compressed clusters rewritten in part, zeroed, and written
+		// compressed again by qemu-io.
+		mixed := filepath.Join(dir, "compressed-mixed-"+ct+".qcow2")
+		Img(t, "convert", "-q", "-c", "-O", "qcow2", "-o", "compression_type="+ct, raw, mixed)
+		IO(t, mixed, "write -P 0x77 100000 5000", "write -z 1048576 65536", "write -c -P 0x55 4194304 65536")
+		add("compressed-mixed-"+ct, mixed)
 	}
-	mixed := filepath.Join(dir, "compressed-mixed.qcow2")
-	Img(t, "convert", "-q", "-c", "-O", "qcow2", raw, mixed)
-	IO(t, mixed, "write -P 0x77 100000 5000", "write -z 1048576 65536", "write -c -P 0x55 4194304 65536")
-	add("compressed-mixed", mixed)
 
 	// A chain: raw base <- qcow2 middle <- qcow2 top. The top zeroes
 	// some base data, writes some of its own, and is larger than the
@@ -75,13 +79,15 @@ func Matrix(t testing.TB, dir string) []Image {
 	add("chain-top", top)
 	add("chain-mid", mid)
 
-	// A v2 overlay over a v3 base, with a compressed base.
-	cbase := filepath.Join(dir, "cbase.qcow2")
-	Img(t, "convert", "-q", "-c", "-O", "qcow2", raw, cbase)
-	cover := filepath.Join(dir, "over-compressed.qcow2")
-	Create(t, "qcow2", cover, "20M", "-b", filepath.Base(cbase), "-F", "qcow2", "-o", "compat=0.10,cluster_size=512")
-	IO(t, cover, "write -P 0xe6 65000 3000", "write -z 8M 1M")
-	add("over-compressed", cover)
+	// v2 overlays over compressed v3 bases, deflate and zstd.
+	for _, ct := range []string{"zlib", "zstd"} {
+		cbase := filepath.Join(dir, "cbase-"+ct+".qcow2")
+		Img(t, "convert", "-q", "-c", "-O", "qcow2", "-o", "compression_type="+ct, raw, cbase)
+		cover := filepath.Join(dir, "over-compressed-"+ct+".qcow2")
+		Create(t, "qcow2", cover, "20M", "-b", filepath.Base(cbase), "-F", "qcow2", "-o", "compat=0.10,cluster_size=512")
+		IO(t, cover, "write -P 0xe6 65000 3000", "write -z 8M 1M")
+		add("over-compressed-"+ct, cover)
+	}
 
 	// External data files, raw and not raw. (The name is absolute: qemu
 	// resolves a relative data file name against its working folder,

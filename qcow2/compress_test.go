@@ -1,0 +1,101 @@
+package qcow2_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/qcowfs/qcowfs/qcow2"
+	"github.com/qcowfs/qcowfs/test/qemu"
+)
+
+// compressedClusters asks qemu-img check how many clusters are compressed.
+func compressedClusters(t *testing.T, image string) int64 {
+	var c struct {
+		Compressed int64 `json:"compressed-clusters"`
+	}
+	if err := json.Unmarshal(qemu.Img(t, "check", "--output=json", image), &c); err != nil {
+		t.Fatal(err)
+	}
+	return c.Compressed
+}
+
+// TestCompressedBoundaries reads compressed images at every interesting
+// offset and size around cluster boundaries, and checks the bytes against
+// qemu-img convert.
+func TestCompressedBoundaries(t *testing.T) {
+	dir := qemu.TempDir(t)
+	for _, im := range qemu.Matrix(t, dir) {
+		if !strings.HasPrefix(im.Name, "compressed") {
+			continue
+		}
+		t.Run(im.Name, func(t *testing.T) {
+			want, err := os.ReadFile(qemu.ToRaw(t, im.Path, filepath.Join(t.TempDir(), "raw")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := int64(qemu.Info(t, im.Path)["cluster-size"].(float64))
+			img, err := qcow2.Open(im.Path, qcow2.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer img.Close()
+			buf := make([]byte, 3*cs+16)
+			for _, base := range []int64{0, cs, 7 * cs, 33 * cs, int64(len(want)) - 2*cs} {
+				for _, d := range []int64{0, 1, cs - 1, cs - 4096, cs - 7} {
+					for _, n := range []int64{1, 7, 4095, 4096, 4097, cs - 1, cs, cs + 1, 2*cs + 3} {
+						off := base + d
+						if off < 0 || off+n > int64(len(want)) {
+							continue
+						}
+						if _, err := img.ReadAt(buf[:n], off); err != nil {
+							t.Fatalf("ReadAt(%d, %d): %v", off, n, err)
+						}
+						if !bytes.Equal(buf[:n], want[off:off+n]) {
+							t.Fatalf("ReadAt(%d, %d) differs from qemu-img convert", off, n)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestInflateOnce: 4 KiB reads through a compressed image inflate each
+// compressed cluster once (qemu-img check counts them), and the host reads
+// of the compressed data are far fewer than the clusters (readahead).
+func TestInflateOnce(t *testing.T) {
+	dir := qemu.TempDir(t)
+	raw := filepath.Join(dir, "data.raw")
+	qemu.Create(t, "raw", raw, "16M")
+	qemu.Run(t, "qemu-io", "-f", "raw", "-c", "write -P 0x41 0 16M", raw)
+	for _, ct := range []string{"zlib", "zstd"} {
+		t.Run(ct, func(t *testing.T) {
+			p := filepath.Join(dir, ct+".qcow2")
+			qemu.Img(t, "convert", "-q", "-c", "-O", "qcow2", "-o", "compression_type="+ct, raw, p)
+			want := compressedClusters(t, p)
+			img, err := qcow2.Open(p, qcow2.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer img.Close()
+			buf := make([]byte, 4096)
+			for off := int64(0); off < img.Size(); off += 4096 {
+				if _, err := img.ReadAt(buf, off); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s := img.Stats()
+			if s.Inflates != want {
+				t.Errorf("%d inflates for %d compressed clusters (qemu-img check)", s.Inflates, want)
+			}
+			if ratio := float64(s.HostReads) / float64(s.Inflates); ratio >= 0.1 {
+				t.Errorf("%d host reads for %d compressed clusters: %.2f per cluster", s.HostReads, s.Inflates, ratio)
+			}
+			t.Logf("%+v", s)
+		})
+	}
+}
