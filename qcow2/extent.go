@@ -145,9 +145,10 @@ func (l *layer) extent(off, n int64, p probe) (Extent, error) {
 		b := l.backing
 		if b == nil || off >= b.size {
 			// No backing file, or past the end of a shorter one:
-			// zeros, decided by this layer.
+			// zeros, decided by this layer (with the host offset of
+			// an allocated cluster's unallocated subcluster, as
+			// qemu reports it).
 			e.Status = StatusZero
-			e.Offset = -1
 			return e, nil
 		}
 		return b.extent(off, r.length, p)

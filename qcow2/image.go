@@ -298,7 +298,11 @@ func (l *layer) lookup(off, n int64) (run, error) {
 				Msg: fmt.Sprintf("invalid subcluster bitmap %#x", e.bitmap)}
 		}
 		host := int64(-1)
-		if k == kindNormal || k == kindZero {
+		// The host offset of the subcluster, where the cluster has one:
+		// data, preallocated zeros, and (extended L2) unallocated
+		// subclusters of an allocated cluster, which qemu's block
+		// status reports with their offset too.
+		if k != kindCompressed {
 			if h := e.hostOffset(); h != 0 || k == kindNormal {
 				if h&(cs-1) != 0 {
 					return run{}, &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,

@@ -89,6 +89,28 @@ func Matrix(t testing.TB, dir string) []Image {
 		add("over-compressed-"+ct, cover)
 	}
 
+	// Extended L2 entries (subclusters), over a backing file so that
+	// unallocated subclusters of allocated clusters read the backing
+	// file: partial writes, zero writes with and without unmap, discards.
+	for _, cs := range []int{16384, 65536, 2 << 20} {
+		name := fmt.Sprintf("extl2-c%d", cs)
+		base := filepath.Join(dir, name+"-base.qcow2")
+		Create(t, "qcow2", base, "8M", "-o", fmt.Sprintf("cluster_size=%d", cs))
+		IO(t, base, "write -P 0xaa 0 8M")
+		p := filepath.Join(dir, name+".qcow2")
+		Create(t, "qcow2", p, "12M", "-b", filepath.Base(base), "-F", "qcow2", "-o", fmt.Sprintf("extended_l2=on,cluster_size=%d", cs))
+		sc := cs / 32
+		IO(t, p,
+			fmt.Sprintf("write -P 0x11 %d %d", sc, sc/2),      // part of one subcluster
+			fmt.Sprintf("write -z %d %d", 3*sc+100, 2*sc),     // zero, keep
+			fmt.Sprintf("write -z -u %d %d", cs+sc, 3*sc),     // zero, unmap
+			fmt.Sprintf("discard %d %d", 2*cs, cs),            // whole cluster
+			fmt.Sprintf("write -P 0x22 %d %d", 3*cs-sc/2, sc), // across clusters
+			fmt.Sprintf("write -P 0x33 %d %d", 9<<20, 3*sc+5), // past the base
+		)
+		add(name, p)
+	}
+
 	// External data files, raw and not raw. (The name is absolute: qemu
 	// resolves a relative data file name against its working folder,
 	// not the image's.)
