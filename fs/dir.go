@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -39,6 +40,12 @@ const (
 	kindPlain
 )
 
+// snapshotEntry is what a listing keeps of an image's snapshot.
+type snapshotEntry struct {
+	id, name string
+	size     int64
+}
+
 // entry is one source entry as the mount shows it.
 type entry struct {
 	src     string // name in the source folder
@@ -51,7 +58,13 @@ type entry struct {
 	hidden  bool  // an image that failed validation, or an entry we do not show
 	exposed string
 	clashed bool // not shown for a name clash; logged once
+
+	snaps []snapshotEntry // images: their internal snapshots
+	snap  string          // a snapshot entry: its ID (kind is kindImage)
 }
+
+// disk names the disk an image or snapshot entry shows.
+func (e *entry) disk() diskID { return diskID{v: e.v, snap: e.snap} }
 
 // list reads the source folder and returns its entries by exposed name.
 // Entries whose file did not change since the last listing are reused, so
@@ -95,6 +108,7 @@ func (d *dirNode) list() (map[string]*entry, error) {
 		srcs[i], isImage[i] = e.src, e.kind == kindImage
 	}
 	out := make(map[string]*entry, len(shown))
+	var images []*entry
 	for i, name := range assignNames(srcs, isImage) {
 		e := shown[i]
 		if name == "" {
@@ -107,6 +121,24 @@ func (d *dirNode) list() (map[string]*entry, error) {
 		e.clashed = false
 		e.exposed = name
 		out[name] = e
+		if len(e.snaps) > 0 {
+			images = append(images, e)
+		}
+	}
+	// Snapshots last, by image name then table order (names.go, rule 4).
+	sort.Slice(images, func(i, j int) bool { return images[i].exposed < images[j].exposed })
+	for _, img := range images {
+		for _, sn := range img.snaps {
+			name, fallback := snapshotNames(img.exposed, sn.id, sn.name)
+			if out[name] != nil {
+				name = fallback
+			}
+			if out[name] != nil {
+				continue
+			}
+			out[name] = &entry{src: img.src, path: img.path, kind: kindImage, v: img.v, st: img.st,
+				size: sn.size, used: min(img.used, sn.size), exposed: name, snap: sn.id}
+		}
 	}
 	return out, nil
 }
@@ -167,8 +199,11 @@ func (d *dirNode) validate(e *entry) {
 	}
 	e.size = img.Size()
 	e.used = min(img.AllocatedBytes(), e.size)
+	for _, s := range img.Snapshots() {
+		e.snaps = append(e.snaps, snapshotEntry{id: s.ID, name: s.Name, size: s.Size})
+	}
 	img.Close()
-	d.m.usage.request(e.v, e.path)
+	d.m.usage.request(e.disk(), e.path)
 }
 
 // inside reports whether path is root or lies below it.
@@ -188,13 +223,16 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 		return nil, syscall.ENOENT
 	}
 	var node gofs.InodeEmbedder
-	stable := gofs.StableAttr{Ino: e.v.inode()}
+	stable := gofs.StableAttr{Ino: e.disk().inode()}
 	switch e.kind {
 	case kindDir:
 		node = &dirNode{m: d.m, path: e.path}
 		stable.Mode = syscall.S_IFDIR
 	case kindImage:
-		node = &imageNode{m: d.m, path: e.path, v: e.v, size: e.size, used: e.used}
+		node = &imageNode{m: d.m, path: e.path, d: e.disk(), size: e.size, used: e.used}
+		if e.snap != "" {
+			d.m.usage.request(e.disk(), e.path)
+		}
 		stable.Mode, stable.Gen = syscall.S_IFREG, e.v.generation()
 	default:
 		node = &plainNode{m: d.m, path: e.path, v: e.v}
@@ -202,7 +240,7 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	}
 	child := d.NewInode(ctx, node, stable)
 	if e.kind == kindImage {
-		d.m.usage.watch(e.v, child)
+		d.m.usage.watch(e.disk(), child)
 	}
 	if exact := d.m.fillAttr(&out.Attr, e); exact {
 		out.SetAttrTimeout(imageAttrTimeout)
@@ -217,7 +255,7 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 func (d *dirNode) forgetStale(entries map[string]*entry) {
 	for name, child := range d.Children() {
 		e := entries[name]
-		if e != nil && e.v.inode() == child.StableAttr().Ino &&
+		if e != nil && e.disk().inode() == child.StableAttr().Ino &&
 			(e.kind == kindDir || e.v.generation() == child.StableAttr().Gen) {
 			continue
 		}
@@ -239,7 +277,7 @@ func (d *dirNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
 		if e.kind == kindDir {
 			mode = syscall.S_IFDIR
 		}
-		list = append(list, fuse.DirEntry{Name: name, Mode: mode, Ino: e.v.inode()})
+		list = append(list, fuse.DirEntry{Name: name, Mode: mode, Ino: e.disk().inode()})
 	}
 	return gofs.NewListDirStream(list), 0
 }
@@ -265,7 +303,7 @@ func (d *dirNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 // estimate, which the kernel must not cache for long.
 func (m *mount) fillAttr(a *fuse.Attr, e *entry) (final bool) {
 	a.FromStat(&e.st)
-	a.Ino = e.v.inode()
+	a.Ino = e.disk().inode()
 	a.Mode = e.st.Mode&^0o222&^syscall.S_IFMT | syscall.S_IFREG
 	if e.kind == kindDir {
 		a.Mode = e.st.Mode&^0o222&^syscall.S_IFMT | syscall.S_IFDIR
@@ -275,7 +313,7 @@ func (m *mount) fillAttr(a *fuse.Attr, e *entry) (final bool) {
 	if e.kind != kindImage {
 		return false
 	}
-	used, counted := m.usage.get(e.v)
+	used, counted := m.usage.get(e.disk())
 	if !counted {
 		used = e.used
 	}

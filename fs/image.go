@@ -8,14 +8,14 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
-// imageNode is a qcow2 image shown as a raw disk file. It stands for one
-// version of the image file; the image itself is opened while the node has
-// open handles (see mount.acquire).
+// imageNode is a qcow2 image, or one of its internal snapshots, shown as a
+// raw disk file. It stands for one version of the image file; the image
+// itself is opened while the node has open handles (see mount.acquire).
 type imageNode struct {
 	gofs.Inode
 	m    *mount
 	path string
-	v    version
+	d    diskID // the image file version, and the snapshot if one
 	size int64
 	used int64 // estimate of the data bytes; see usage.go
 }
@@ -38,7 +38,7 @@ func (n *imageNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, ui
 	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
 		return nil, 0, syscall.EROFS
 	}
-	oi, err := n.m.acquire(n.path, n.v)
+	oi, err := n.m.acquire(n.path, n.d)
 	if err != nil {
 		n.m.log.Error("cannot open image", "image", n.path, "err", err)
 		return nil, 0, errnoOf(err)
@@ -52,22 +52,22 @@ func (n *imageNode) Read(ctx context.Context, f gofs.FileHandle, dest []byte, of
 }
 
 func (n *imageNode) Release(ctx context.Context, f gofs.FileHandle) syscall.Errno {
-	n.m.release(n.v, f.(*imageHandle).oi)
+	n.m.release(n.d, f.(*imageHandle).oi)
 	return 0
 }
 
 // Getattr reports the image file's attributes with the virtual size.
 func (n *imageNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	var st syscall.Stat_t
-	if err := syscall.Stat(n.path, &st); err != nil || versionOf(&st) != n.v {
+	if err := syscall.Stat(n.path, &st); err != nil || versionOf(&st) != n.d.v {
 		// The file changed or went away; this node still describes
 		// the version it was looked up as.
 		st = syscall.Stat_t{}
 	}
-	e := &entry{kind: kindImage, v: n.v, size: n.size, used: n.used, st: st}
+	e := &entry{kind: kindImage, v: n.d.v, snap: n.d.snap, size: n.size, used: n.used, st: st}
 	if st.Ino == 0 {
 		e.st.Mode = syscall.S_IFREG | 0o444
-		e.st.Ino = n.v.ino
+		e.st.Ino = n.d.v.ino
 	}
 	if n.m.fillAttr(&out.Attr, e) {
 		out.SetTimeout(imageAttrTimeout)

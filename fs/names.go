@@ -1,8 +1,10 @@
 package fs
 
 import (
+	"fmt"
 	"sort"
 	"strings"
+	"unicode/utf8"
 )
 
 // The naming rule: how source entries are named in the mount.
@@ -18,6 +20,13 @@ import (
 //     preferred name is taken falls back to its full source name plus
 //     .raw (vm.img -> vm.img.raw), again in byte-wise order. An image whose
 //     fallback is taken too is not shown, and a line is logged.
+//
+//  4. An internal snapshot of a shown image is shown next to it as
+//     STEM@SNAPSHOT.raw, where STEM is the image's name without .raw and
+//     SNAPSHOT the snapshot's name, escaped (below), or its ID if the name
+//     is empty. If that is taken, it falls back to STEM@id-ID.raw; if that
+//     is taken too, the snapshot is not shown. Snapshots claim names after
+//     every image, by image name and then in the image's table order.
 //
 // The rule only depends on the folder's current contents, so the same
 // folder always gives the same names.
@@ -70,4 +79,32 @@ func assignNames(srcs []string, image []bool) []string {
 		}
 	}
 	return out
+}
+
+// escapeSnapshot makes a snapshot name or ID usable in a file name: '/',
+// '%', control bytes, and bytes that are not valid UTF-8 become %XX.
+func escapeSnapshot(name string) string {
+	var b strings.Builder
+	for i := 0; i < len(name); {
+		r, size := utf8.DecodeRuneInString(name[i:])
+		if r == utf8.RuneError && size <= 1 || r < 0x20 || r == 0x7f || r == '/' || r == '%' {
+			fmt.Fprintf(&b, "%%%02X", name[i])
+			i++
+			continue
+		}
+		b.WriteString(name[i : i+size])
+		i += size
+	}
+	return b.String()
+}
+
+// snapshotNames returns the preferred and fallback names of a snapshot of
+// the image shown as image (rule 4).
+func snapshotNames(image, id, name string) (preferred, fallback string) {
+	stem := strings.TrimSuffix(image, ".raw")
+	tag := name
+	if tag == "" {
+		tag = id
+	}
+	return stem + "@" + escapeSnapshot(tag) + ".raw", stem + "@id-" + escapeSnapshot(id) + ".raw"
 }

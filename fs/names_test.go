@@ -43,3 +43,21 @@ func TestAssignNames(t *testing.T) {
 		})
 	}
 }
+
+func TestSnapshotNames(t *testing.T) {
+	for _, tc := range []struct {
+		image, id, name, want, fallback string
+	}{
+		{"vm.raw", "1", "first", "vm@first.raw", "vm@id-1.raw"},
+		{"vm.raw", "2", "two/with slash", "vm@two%2Fwith slash.raw", "vm@id-2.raw"},
+		{"vm.raw", "3", "", "vm@3.raw", "vm@id-3.raw"},
+		{"vm.raw", "4", "100%\x01\xff", "vm@100%25%01%FF.raw", "vm@id-4.raw"},
+		{"vm.raw", "5", "été", "vm@été.raw", "vm@id-5.raw"},
+		{"disk.raw.raw", "1", "a", "disk.raw@a.raw", "disk.raw@id-1.raw"},
+	} {
+		got, fb := snapshotNames(tc.image, tc.id, tc.name)
+		if got != tc.want || fb != tc.fallback {
+			t.Errorf("snapshotNames(%q, %q, %q) = %q, %q; want %q, %q", tc.image, tc.id, tc.name, got, fb, tc.want, tc.fallback)
+		}
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math/bits"
 	"os"
@@ -64,8 +65,8 @@ type mount struct {
 	log  *slog.Logger
 	root string // the source folder, after symlinks
 
-	mu     sync.Mutex             // guards images
-	images map[version]*openImage // images with open handles
+	mu     sync.Mutex            // guards images
+	images map[diskID]*openImage // images with open handles
 
 	usage *usageTable // st_blocks of images, see usage.go
 }
@@ -91,7 +92,7 @@ func NewRoot(cfg Config) (gofs.InodeEmbedder, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &mount{cfg: cfg, log: cfg.Log, images: map[version]*openImage{}, usage: newUsageTable()}
+	m := &mount{cfg: cfg, log: cfg.Log, images: map[diskID]*openImage{}, usage: newUsageTable()}
 	go m.countUsage()
 	if st.IsDir() {
 		m.root = src
@@ -157,6 +158,25 @@ func (v version) generation() uint64 {
 	return h | 1
 }
 
+// diskID names a disk the mount shows: one version of an image file, or
+// one internal snapshot of it.
+type diskID struct {
+	v    version
+	snap string // snapshot ID; "" for the image's current state
+}
+
+// inode is the disk's inode number: the image file's for the image
+// itself; for a snapshot, a hash of the file and snapshot ID with the top
+// bit set, a range host inode numbers do not reach.
+func (d diskID) inode() uint64 {
+	if d.snap == "" {
+		return d.v.inode()
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d/%d/%s", d.v.dev, d.v.ino, d.snap)
+	return h.Sum64() | 1<<63
+}
+
 // openImage is an image with open FUSE handles, shared by all of them.
 type openImage struct {
 	img    *qcow2.Image
@@ -166,36 +186,39 @@ type openImage struct {
 	mu     sync.Mutex
 }
 
-// acquire returns the open image for the file version v at path, opening
-// it if no handle has it open. Every acquire is paired with a release.
-func (m *mount) acquire(path string, v version) (*openImage, error) {
+// acquire returns the open image for disk d of the image at path,
+// opening it if no handle has it open. Every acquire is paired with a
+// release.
+func (m *mount) acquire(path string, d diskID) (*openImage, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if oi := m.images[v]; oi != nil {
+	if oi := m.images[d]; oi != nil {
 		oi.refs++
 		return oi, nil
 	}
-	img, err := qcow2.Open(path, m.imageOptions())
+	opts := m.imageOptions()
+	opts.Snapshot = d.snap
+	img, err := qcow2.Open(path, opts)
 	if err != nil {
 		return nil, err
 	}
 	// The file may have changed since it was looked up.
 	var st syscall.Stat_t
-	if err := syscall.Fstat(int(img.File().Fd()), &st); err != nil || versionOf(&st) != v {
+	if err := syscall.Fstat(int(img.File().Fd()), &st); err != nil || versionOf(&st) != d.v {
 		img.Close()
 		return nil, syscall.ESTALE
 	}
 	oi := &openImage{img: img, refs: 1, path: path}
-	m.images[v] = oi
+	m.images[d] = oi
 	return oi, nil
 }
 
-func (m *mount) release(v version, oi *openImage) {
+func (m *mount) release(d diskID, oi *openImage) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	oi.refs--
 	if oi.refs == 0 {
-		delete(m.images, v)
+		delete(m.images, d)
 		oi.img.Close()
 	}
 }

@@ -22,23 +22,23 @@ const maxUsageEntries = 1 << 16
 
 type usageTable struct {
 	mu      sync.Mutex
-	bytes   map[version]int64       // exact data bytes, once counted
-	pending map[version]string      // queued or being counted: path
-	nodes   map[version]*gofs.Inode // the node to notify, if looked up
-	queue   chan version
+	bytes   map[diskID]int64       // exact data bytes, once counted
+	pending map[diskID]string      // queued or being counted: path
+	nodes   map[diskID]*gofs.Inode // the node to notify, if looked up
+	queue   chan diskID
 }
 
 func newUsageTable() *usageTable {
 	return &usageTable{
-		bytes:   map[version]int64{},
-		pending: map[version]string{},
-		nodes:   map[version]*gofs.Inode{},
-		queue:   make(chan version, 1024),
+		bytes:   map[diskID]int64{},
+		pending: map[diskID]string{},
+		nodes:   map[diskID]*gofs.Inode{},
+		queue:   make(chan diskID, 1024),
 	}
 }
 
 // get returns the counted data bytes of v, if known.
-func (u *usageTable) get(v version) (int64, bool) {
+func (u *usageTable) get(v diskID) (int64, bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	n, ok := u.bytes[v]
@@ -47,7 +47,7 @@ func (u *usageTable) get(v version) (int64, bool) {
 
 // request queues a count of the image at path, once per version. A full
 // queue drops the request; the estimate then stands until a later lookup.
-func (u *usageTable) request(v version, path string) {
+func (u *usageTable) request(v diskID, path string) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if _, ok := u.bytes[v]; ok {
@@ -64,7 +64,7 @@ func (u *usageTable) request(v version, path string) {
 }
 
 // watch remembers the node of v, to notify the kernel when v is counted.
-func (u *usageTable) watch(v version, n *gofs.Inode) {
+func (u *usageTable) watch(v diskID, n *gofs.Inode) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if len(u.nodes) >= maxUsageEntries {
@@ -105,7 +105,7 @@ func (m *mount) countUsage() {
 
 // dataBytes counts the data of one image version, sharing the open image
 // (and so its block status index) with readers.
-func (m *mount) dataBytes(path string, v version) (int64, error) {
+func (m *mount) dataBytes(path string, v diskID) (int64, error) {
 	oi, err := m.acquire(path, v)
 	if err != nil {
 		return 0, err

@@ -34,6 +34,11 @@ type Options struct {
 	// unallocated ranges then read as zeros.
 	NoBacking bool
 
+	// Snapshot, when set, opens the internal snapshot with this ID (or
+	// else name) instead of the image's current state: its own L1 table
+	// and virtual size, over the same backing chain.
+	Snapshot string
+
 	// AllowCorrupt opens images whose corrupt bit is set. They are only
 	// ever read, so this cannot make them worse.
 	AllowCorrupt bool
@@ -56,6 +61,7 @@ type Image struct {
 
 	indexOnce sync.Once
 	idx       *statusIndex // see status.go
+	snapshots []Snapshot
 }
 
 // layer is one file of a backing chain: a qcow2 image or a raw file.
@@ -81,6 +87,8 @@ type layer struct {
 	scBits       uint // log2 of the subcluster size (= clusterBits without extended L2)
 	extendedL2   bool
 	l1           []uint64
+	l1Offset     int64      // where l1 was read from: the header's or a snapshot's
+	snapshots    []Snapshot // the top layer's snapshot table
 	cache        *Cache
 	owner        uint64
 	decomp       *decompressor
@@ -113,7 +121,7 @@ func Open(path string, opts Options) (*Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Image{top: top, cache: opts.Cache}, nil
+	return &Image{top: top, cache: opts.Cache, snapshots: top.snapshots}, nil
 }
 
 // Size returns the virtual disk size in bytes.
@@ -190,17 +198,55 @@ func newQcow2Layer(f *os.File, name string, depth int, opts *Options) (*layer, e
 	l.l2Bits = l.clusterBits - entryBits
 	l.decomp = newDecompressor(h.CompressionType, l.clusterSize())
 
-	// The header check guarantees the table lies inside the file and is
-	// at most maxL1Bytes.
-	buf := make([]byte, int(h.L1Size)*8)
-	if _, err := f.ReadAt(buf, int64(h.L1TableOffset)); err != nil {
-		return nil, fmt.Errorf("%s: reading L1 table at byte offset %d: %w", name, h.L1TableOffset, err)
+	if depth == 0 {
+		if l.snapshots, err = readSnapshots(f, name, h, l.fileSize); err != nil {
+			return nil, err
+		}
 	}
-	l.l1 = make([]uint64, h.L1Size)
-	for i := range l.l1 {
-		l.l1[i] = binary.BigEndian.Uint64(buf[i*8:])
+	l1Off, l1Size := int64(h.L1TableOffset), h.L1Size
+	if opts.Snapshot != "" && depth == 0 {
+		s, ok := findSnapshot(l.snapshots, opts.Snapshot)
+		if !ok {
+			return nil, fmt.Errorf("%s: no snapshot with ID or name %q", name, opts.Snapshot)
+		}
+		l1Off, l1Size, l.size = int64(s.L1TableOffset), s.L1Size, s.Size
+	}
+	if err := l.loadL1(l1Off, l1Size); err != nil {
+		return nil, err
 	}
 	return l, nil
+}
+
+// loadL1 reads the L1 table of l1Size entries at l1Off (the header or
+// snapshot check has put it inside the file, within maxL1Bytes) and checks
+// every entry: an L2 table offset must be cluster aligned and its table
+// inside the file, so that a bad entry is refused at open rather than
+// found by a read.
+func (l *layer) loadL1(l1Off int64, l1Size uint32) error {
+	buf := make([]byte, int(l1Size)*8)
+	if _, err := l.file.ReadAt(buf, l1Off); err != nil {
+		return fmt.Errorf("%s: reading L1 table at byte offset %d: %w", l.name, l1Off, err)
+	}
+	cs := l.clusterSize()
+	l.l1 = make([]uint64, l1Size)
+	l.l1Offset = l1Off
+	for i := range l.l1 {
+		e := binary.BigEndian.Uint64(buf[i*8:])
+		l.l1[i] = e
+		off := int64(e & l1OffsetMask)
+		if off == 0 {
+			continue
+		}
+		if off&(cs-1) != 0 {
+			return &FormatError{File: l.name, Field: "L1 entry", Value: e, Offset: l1Off + int64(i)*8,
+				Msg: fmt.Sprintf("L2 table offset %#x is not cluster aligned", off)}
+		}
+		if off > l.fileSize-cs {
+			return &FormatError{File: l.name, Field: "L1 entry", Value: e, Offset: l1Off + int64(i)*8,
+				Msg: fmt.Sprintf("L2 table at %#x runs past the end of the file (%d bytes)", off, l.fileSize)}
+		}
+	}
+	return nil
 }
 
 func (l *layer) clusterSize() int64 { return 1 << l.clusterBits }
@@ -213,7 +259,7 @@ func (l *layer) l2Table(l1Index int64) ([]uint64, error) {
 		return nil, nil
 	}
 	e := l.l1[l1Index]
-	entryOff := int64(l.hdr.L1TableOffset) + 8*l1Index
+	entryOff := l.l1Offset + 8*l1Index
 	off := int64(e & l1OffsetMask)
 	if off == 0 {
 		return nil, nil

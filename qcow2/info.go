@@ -17,7 +17,20 @@ type Info struct {
 	BackingFilename       string         `json:"backing-filename,omitempty"`
 	FullBackingFilename   string         `json:"full-backing-filename,omitempty"`
 	BackingFilenameFormat string         `json:"backing-filename-format,omitempty"`
+	Snapshots             []SnapshotInfo `json:"snapshots,omitempty"`
 	FormatSpecific        FormatSpecific `json:"format-specific"`
+}
+
+// SnapshotInfo is one snapshot as qemu-img info lists it.
+type SnapshotInfo struct {
+	ID          string  `json:"id"`
+	Name        string  `json:"name"`
+	VMStateSize uint64  `json:"vm-state-size"`
+	DateSec     uint32  `json:"date-sec"`
+	DateNsec    uint32  `json:"date-nsec"`
+	VMClockSec  uint64  `json:"vm-clock-sec"`
+	VMClockNsec uint64  `json:"vm-clock-nsec"`
+	Icount      *uint64 `json:"icount,omitempty"`
 }
 
 // FormatSpecific is qemu's "format-specific" object.
@@ -63,6 +76,17 @@ func (img *Image) Info() Info {
 		info.BackingFilename = h.BackingFile
 		info.FullBackingFilename = FullBackingName(l.name, h.BackingFile)
 		info.BackingFilenameFormat = h.BackingFormat
+	}
+	for _, sn := range img.snapshots {
+		si := SnapshotInfo{
+			ID: sn.ID, Name: sn.Name, VMStateSize: sn.VMStateSize,
+			DateSec: sn.DateSec, DateNsec: sn.DateNsec,
+			VMClockSec: sn.VMClockNsec / 1e9, VMClockNsec: sn.VMClockNsec % 1e9,
+		}
+		if sn.Icount != ^uint64(0) {
+			si.Icount = ptr(sn.Icount)
+		}
+		info.Snapshots = append(info.Snapshots, si)
 	}
 	if h.Version >= 3 {
 		d := &info.FormatSpecific.Data

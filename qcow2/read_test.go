@@ -91,3 +91,26 @@ func firstDiff(a, b []byte) int {
 	}
 	return -1
 }
+
+// compareWithRaw reads the whole image, 1 MiB at a time, and compares it
+// with the raw file qemu made of it.
+func compareWithRaw(t *testing.T, img *qcow2.Image, raw string) {
+	t.Helper()
+	want, err := os.ReadFile(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img.Size() != int64(len(want)) {
+		t.Fatalf("Size() = %d, qemu made %d bytes", img.Size(), len(want))
+	}
+	got := make([]byte, len(want))
+	for off := 0; off < len(got); off += 1 << 20 {
+		end := min(off+1<<20, len(got))
+		if n, err := img.ReadAt(got[off:end], int64(off)); n != end-off || (err != nil && err != io.EOF) {
+			t.Fatalf("ReadAt(%d, %d) = %d, %v", off, end-off, n, err)
+		}
+	}
+	if i := firstDiff(got, want); i >= 0 {
+		t.Fatalf("differs from qemu at byte %d: got %#x, want %#x", i, got[i], want[i])
+	}
+}

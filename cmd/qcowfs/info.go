@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"time"
 
 	"github.com/qcowfs/qcowfs/qcow2"
 )
@@ -56,6 +57,19 @@ func printInfo(w io.Writer, info *qcow2.Info) {
 		fmt.Fprintln(w)
 		if info.BackingFilenameFormat != "" {
 			fmt.Fprintf(w, "backing file format: %s\n", info.BackingFilenameFormat)
+		}
+	}
+	if len(info.Snapshots) > 0 {
+		fmt.Fprintln(w, "Snapshot list:")
+		fmt.Fprintf(w, "%-10s%-17s%8s%20s%13s%11s\n", "ID", "TAG", "VM SIZE", "DATE", "VM CLOCK", "ICOUNT")
+		for _, s := range info.Snapshots {
+			date := time.Unix(int64(s.DateSec), 0).Format("2006-01-02 15:04:05")
+			clock := fmt.Sprintf("%02d:%02d:%02d.%03d", s.VMClockSec/3600, s.VMClockSec/60%60, s.VMClockSec%60, s.VMClockNsec/1e6)
+			icount := ""
+			if s.Icount != nil {
+				icount = fmt.Sprint(*s.Icount)
+			}
+			fmt.Fprintf(w, "%-10s%-17s%8s%20s%13s%11s\n", s.ID, s.Name, sizeString(int64(s.VMStateSize)), date, clock, icount)
 		}
 	}
 	d := info.FormatSpecific.Data

@@ -111,6 +111,18 @@ func Matrix(t testing.TB, dir string) []Image {
 		add(name, p)
 	}
 
+	// Internal snapshots: taken, then the image written, resized (so the
+	// snapshots have other virtual sizes), snapshotted again.
+	snap := filepath.Join(dir, "snapshots.qcow2")
+	Create(t, "qcow2", snap, "8M", "-o", "cluster_size=4096")
+	IO(t, snap, "write -P 0x81 0 1M", "write -P 0x82 5M 64k")
+	Img(t, "snapshot", "-c", "first", snap)
+	IO(t, snap, "write -P 0x83 512k 1M", "write -z 5M 4k")
+	Img(t, "resize", "-q", snap, "12M")
+	Img(t, "snapshot", "-c", "two/with slash", snap)
+	IO(t, snap, "write -P 0x84 10M 100k", "discard 0 64k")
+	add("snapshots", snap)
+
 	// External data files, raw and not raw. (The name is absolute: qemu
 	// resolves a relative data file name against its working folder,
 	// not the image's.)
