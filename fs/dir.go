@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"sort"
@@ -61,6 +62,10 @@ type entry struct {
 
 	snaps []snapshotEntry // images: their internal snapshots
 	snap  string          // a snapshot entry: its ID (kind is kindImage)
+	held  *openImage      // images: kept open (and locked) while listed
+	// locked: an image not shown because another process holds its
+	// write lock; it is tried again at every listing.
+	locked bool
 }
 
 // disk names the disk an image or snapshot entry shows.
@@ -99,6 +104,12 @@ func (d *dirNode) list() (map[string]*entry, error) {
 		d.entries[name] = e
 		if !e.hidden {
 			shown = append(shown, e)
+		}
+	}
+	// Images that went away or changed are no longer held open.
+	for name, e := range old {
+		if e.held != nil && d.entries[name] != e {
+			d.m.release(e.disk(), e.held)
 		}
 	}
 
@@ -167,10 +178,15 @@ func (d *dirNode) classify(name string, old *entry) *entry {
 		path = target
 	}
 	v := versionOf(&st)
-	if old != nil && old.v == v && old.path == path {
+	if old != nil && old.v == v && old.path == path && !old.locked {
 		return old
 	}
 	e := &entry{src: name, path: path, v: v, st: st, size: st.Size}
+	if old != nil && old.v == v {
+		// An image refused for a lock is tried again at every listing
+		// (qemu may have let go), but logged once.
+		e.locked = old.locked
+	}
 	switch st.Mode & syscall.S_IFMT {
 	case syscall.S_IFDIR:
 		e.kind = kindDir
@@ -189,21 +205,43 @@ func (d *dirNode) classify(name string, old *entry) *entry {
 	return e
 }
 
-// validate opens the image once to check it and learn its size.
+// validate opens the image, checking it, and keeps it open (and locked
+// against writers) while the listing shows it.
 func (d *dirNode) validate(e *entry) {
-	img, err := qcow2.Open(e.path, d.m.imageOptions())
+	oi, err := d.m.acquire(e.path, e.disk())
 	if err != nil {
 		e.hidden = true
-		d.m.log.Error("image not shown", "image", e.path, "reason", err.Error())
+		wasLocked := e.locked
+		e.locked = errors.Is(err, qcow2.ErrLocked)
+		if !wasLocked || !e.locked {
+			d.m.log.Error("image not shown", "image", e.path, "reason", err.Error())
+		}
 		return
 	}
+	e.locked = false
+	img := oi.img
+	e.held = oi
 	e.size = img.Size()
 	e.used = min(img.AllocatedBytes(), e.size)
 	for _, s := range img.Snapshots() {
 		e.snaps = append(e.snaps, snapshotEntry{id: s.ID, name: s.Name, size: s.Size})
 	}
-	img.Close()
 	d.m.usage.request(e.disk(), e.path)
+}
+
+var _ = (gofs.NodeOnForgetter)((*dirNode)(nil))
+
+// OnForget lets go of the images the folder's listing held, once the
+// kernel has forgotten the folder.
+func (d *dirNode) OnForget() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, e := range d.entries {
+		if e.held != nil {
+			d.m.release(e.disk(), e.held)
+		}
+	}
+	d.entries = nil
 }
 
 // inside reports whether path is root or lies below it.

@@ -41,6 +41,9 @@ type Config struct {
 	Log *slog.Logger
 	// ReadPath selects zero-copy (the default) or copying reads.
 	ReadPath ReadPath
+	// ForceShare serves images other processes have open for writing,
+	// like qemu-img -U, and takes no lock that would stop them.
+	ForceShare bool
 }
 
 // Timeouts the kernel may cache entries and attributes for. Folders can
@@ -177,7 +180,9 @@ func (d diskID) inode() uint64 {
 	return h.Sum64() | 1<<63
 }
 
-// openImage is an image with open FUSE handles, shared by all of them.
+// openImage is an open image, shared by everything that holds it: the
+// listing that shows it (which keeps it open, and so locked, while it is
+// shown), FUSE handles, and the usage counter.
 type openImage struct {
 	img    *qcow2.Image
 	refs   int
@@ -200,6 +205,12 @@ func (m *mount) acquire(path string, d diskID) (*openImage, error) {
 	opts.Snapshot = d.snap
 	img, err := qcow2.Open(path, opts)
 	if err != nil {
+		return nil, err
+	}
+	// Lock like a read-only qemu: refuse an image a qemu writes to, and
+	// make a qemu that wants to write this one fail, while it is shown.
+	if err := img.Lock(m.cfg.ForceShare); err != nil {
+		img.Close()
 		return nil, err
 	}
 	// The file may have changed since it was looked up.

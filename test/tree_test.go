@@ -124,8 +124,15 @@ func TestTreeFollowsChanges(t *testing.T) {
 	}
 	sameFile(t, filepath.Join(m.Dir, "two.raw"), qemu.ToRaw(t, filepath.Join(src, "two.qcow2"), filepath.Join(t.TempDir(), "two")))
 
-	// An image rewritten in place is a new file: it reads its new bytes.
-	qemu.IO(t, filepath.Join(src, "two.qcow2"), "write -P 0x43 0 8192")
+	// An image replaced by a new version (written elsewhere, renamed
+	// over it: qemu cannot write a shown image in place, see the lock
+	// tests) is a new file: it reads its new bytes.
+	next := filepath.Join(src, ".two.qcow2.new")
+	qemu.Run(t, "cp", filepath.Join(src, "two.qcow2"), next)
+	qemu.IO(t, next, "write -P 0x43 0 8192")
+	if err := os.Rename(next, filepath.Join(src, "two.qcow2")); err != nil {
+		t.Fatal(err)
+	}
 	names(t, m.Dir)
 	sameFile(t, filepath.Join(m.Dir, "two.raw"), qemu.ToRaw(t, filepath.Join(src, "two.qcow2"), filepath.Join(t.TempDir(), "two")))
 

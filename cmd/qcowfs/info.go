@@ -12,8 +12,9 @@ import (
 )
 
 type infoCmd struct {
-	Image  string `arg:"" help:"The qcow2 image."`
-	Output string `enum:"human,json" default:"human" help:"Output format: human or json (the fields of qemu-img info --output=json)."`
+	Image      string `arg:"" help:"The qcow2 image."`
+	Output     string `enum:"human,json" default:"human" help:"Output format: human or json (the fields of qemu-img info --output=json)."`
+	ForceShare bool   `short:"U" help:"Read the image even if another process (a running qemu) has it open for writing, like qemu-img -U."`
 }
 
 func (c *infoCmd) Run() error {
@@ -26,6 +27,9 @@ func (c *infoCmd) Run() error {
 		return err
 	}
 	defer img.Close()
+	if err := img.Lock(c.ForceShare); err != nil {
+		return err
+	}
 	info := img.Info()
 	if c.Output == "json" {
 		b, err := json.MarshalIndent(info, "", "    ")

@@ -9,8 +9,9 @@ import (
 )
 
 type mapCmd struct {
-	Image  string `arg:"" help:"The qcow2 image."`
-	Output string `enum:"human,json" default:"human" help:"Output format: human or json (the output of qemu-img map --output=json)."`
+	Image      string `arg:"" help:"The qcow2 image."`
+	Output     string `enum:"human,json" default:"human" help:"Output format: human or json (the output of qemu-img map --output=json)."`
+	ForceShare bool   `short:"U" help:"Read the image even if another process (a running qemu) has it open for writing, like qemu-img -U."`
 }
 
 // Run prints the image's map exactly as qemu-img map does, so tools
@@ -22,6 +23,9 @@ func (c *mapCmd) Run() error {
 		return err
 	}
 	defer img.Close()
+	if err := img.Lock(c.ForceShare); err != nil {
+		return err
+	}
 	w := bufio.NewWriter(os.Stdout)
 	defer w.Flush()
 	if c.Output == "json" {

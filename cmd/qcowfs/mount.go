@@ -36,7 +36,8 @@ type mountCmd struct {
 	ReadAhead   byteSize `default:"4M" placeholder:"SIZE" help:"Kernel readahead for the mount (root only; the kernel's FUSE default is 128K)."`
 	ReadPath    string   `enum:"splice,copy" default:"splice" help:"How reads of uncompressed data are answered: splice (zero-copy from the image file) or copy (through a buffer)."`
 	CPUProfile  string   `placeholder:"PATH" help:"Write a Go CPU profile of the daemon here, from mount to unmount."`
-	Options     []string `short:"o" sep:"," placeholder:"OPT" help:"Options in mount(8) style: ro, allow_other, l2_cache_size=SIZE, cache_size=SIZE, read_ahead=SIZE, read_path=splice|copy, log_level=LEVEL, log_file=PATH, debug, foreground. Generic ones (rw, dev, suid, exec, auto, noauto, user, nofail, _netdev, x-*, ...) are accepted and ignored."`
+	ForceShare  bool     `short:"U" help:"Serve images that another process (a running qemu) has open for writing, like qemu-img -U; their content may change under the reader."`
+	Options     []string `short:"o" sep:"," placeholder:"OPT" help:"Options in mount(8) style: ro, allow_other, l2_cache_size=SIZE, cache_size=SIZE, read_ahead=SIZE, read_path=splice|copy, force_share, log_level=LEVEL, log_file=PATH, debug, foreground. Generic ones (rw, dev, suid, exec, auto, noauto, user, nofail, _netdev, x-*, ...) are accepted and ignored."`
 	// Fake is mount(8)'s -f passed to a mount.qcowfs helper: check the
 	// options, mount nothing.
 	Fake bool `hidden:"" help:"Check the options but mount nothing (mount -f)."`
@@ -101,6 +102,8 @@ func (c *mountCmd) applyOptions() error {
 			c.AllowOther = true
 		case "debug":
 			c.Debug = true
+		case "force_share":
+			c.ForceShare = true
 		case "foreground":
 			c.Foreground = true
 		case "l2_cache_size":
@@ -381,6 +384,7 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	if c.ReadPath == "copy" {
 		cfg.ReadPath = fs.ReadCopy
 	}
+	cfg.ForceShare = c.ForceShare
 	root, err := fs.NewRoot(cfg)
 	if err != nil {
 		return err

@@ -1,0 +1,116 @@
+package qcow2
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// Image locking, as qemu's file driver does it (block/file-posix.c), so
+// that qcowfs and qemu see each other.
+//
+// qemu holds shared open-file-description (OFD) locks on single bytes of
+// every image file it opens: byte 100+i while it holds permission i, byte
+// 200+i while it refuses to share permission i, with the permissions 0
+// consistent-read, 1 write, 2 write-unchanged, 3 resize. Before taking a
+// permission it checks that nobody locks the matching 200+i byte, and
+// before refusing to share one that nobody locks 100+i. A read-only
+// reader, like qemu-img info without -U, holds consistent-read and does
+// not share write: it locks bytes 100 and 201, and cannot open an image
+// whose byte 101 is locked by a writer.
+
+const (
+	lockPermBase   = 100
+	lockSharedBase = 200
+	permConsistent = 0
+	permWrite      = 1
+)
+
+var permNames = [...]string{"consistent read", "write", "write unchanged", "resize"}
+
+// ErrLocked is wrapped by a LockError.
+var ErrLocked = errors.New("image is locked")
+
+// A LockError says which lock of which file another process holds.
+type LockError struct {
+	File string
+	Perm string // the permission: "write", "consistent read", ...
+	Byte int64  // the locked byte
+}
+
+func (e *LockError) Error() string {
+	if e.Byte >= lockSharedBase {
+		return fmt.Sprintf("%s: another process (qemu?) does not share %q access (it locks byte %d): not served while it has the image open; force with --force-share", e.File, e.Perm, e.Byte)
+	}
+	return fmt.Sprintf("%s: in use by another process (qemu?) holding the %q lock (byte %d): not served while it has the image open for writing; force with --force-share", e.File, e.Perm, e.Byte)
+}
+
+func (e *LockError) Unwrap() error { return ErrLocked }
+
+// Lock takes the locks of a read-only qemu reader on every file of the
+// chain: consistent read (byte 100) and, unless share is set, "does not
+// share write" (byte 201), after checking that no other process writes the
+// image (byte 101) or refuses to share reading (byte 200). With share set
+// (qemu-img -U), nothing is checked and only byte 100 is locked. The locks
+// last until Close.
+func (img *Image) Lock(share bool) error {
+	for l := img.top; l != nil; l = l.backing {
+		for _, f := range []*os.File{l.file, l.dataFile} {
+			if f == nil {
+				continue
+			}
+			if err := lockFile(f, share); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func lockFile(f *os.File, share bool) error {
+	if !share {
+		// We want consistent read: nobody may refuse to share it.
+		if err := testLock(f, lockSharedBase+permConsistent); err != nil {
+			return err
+		}
+		// We do not share write: nobody may hold it.
+		if err := testLock(f, lockPermBase+permWrite); err != nil {
+			return err
+		}
+	}
+	if err := setLock(f, lockPermBase+permConsistent); err != nil {
+		return err
+	}
+	if !share {
+		return setLock(f, lockSharedBase+permWrite)
+	}
+	return nil
+}
+
+// testLock fails with a LockError if another open file description holds
+// a lock on byte off.
+func testLock(f *os.File, off int64) error {
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: off, Len: 1}
+	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
+		return fmt.Errorf("%s: testing lock byte %d: %w", f.Name(), off, err)
+	}
+	if lk.Type == unix.F_UNLCK {
+		return nil
+	}
+	perm := permNames[(off-lockPermBase)%100]
+	return &LockError{File: f.Name(), Perm: perm, Byte: off}
+}
+
+// setLock takes a shared lock on byte off.
+func setLock(f *os.File, off int64) error {
+	lk := unix.Flock_t{Type: unix.F_RDLCK, Whence: 0, Start: off, Len: 1}
+	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {
+			return &LockError{File: f.Name(), Perm: permNames[(off-lockPermBase)%100], Byte: off}
+		}
+		return fmt.Errorf("%s: locking byte %d: %w", f.Name(), off, err)
+	}
+	return nil
+}
