@@ -60,6 +60,9 @@ func (o *opener) openQcow2File(f *os.File, path string, depth int) (l *layer, er
 		}
 	}()
 	h := l.hdr
+	if h.IncompatibleFeatures&IncompatCorrupt != 0 && o.opts.Warnf != nil {
+		o.opts.Warnf("%s: corrupt bit set: qemu found the image inconsistent; reading it anyway (read-only) as asked", path)
+	}
 	if h.IncompatibleFeatures&IncompatDirty != 0 && o.opts.Warnf != nil {
 		o.opts.Warnf("%s: dirty bit set (not cleanly closed); refcounts may be stale, which does not matter for reading", path)
 	}

@@ -175,7 +175,7 @@ func newQcow2Layer(f *os.File, name string, depth int, opts *Options) (*layer, e
 		return nil, err
 	}
 	if h.IncompatibleFeatures&IncompatCorrupt != 0 && !opts.AllowCorrupt {
-		return nil, &UnsupportedError{File: name, Feature: "corrupt bit set (qemu found the image inconsistent; open it anyway with AllowCorrupt)"}
+		return nil, &UnsupportedError{File: name, Feature: "corrupt bit set: qemu found the image inconsistent (--allow-corrupt reads it anyway)"}
 	}
 	l := &layer{
 		name:        name,

@@ -24,20 +24,22 @@ import (
 )
 
 type mountCmd struct {
-	Source      string   `arg:"" help:"Folder of qcow2 images (searched recursively), or one image file."`
-	Mountpoint  string   `arg:"" help:"Folder to mount on."`
-	Foreground  bool     `short:"f" help:"Stay in the foreground and log to stderr; unmount on SIGINT or SIGTERM."`
-	AllowOther  bool     `help:"Let other users read the mount (as non-root this needs user_allow_other in /etc/fuse.conf). File permissions still apply."`
-	L2CacheSize byteSize `name:"l2-cache-size" default:"32M" placeholder:"SIZE" help:"Memory for L2 tables, shared by all images: 32M maps 256 GiB of disk at 64 KiB clusters."`
-	CacheSize   byteSize `default:"64M" placeholder:"SIZE" help:"Memory for decompressed clusters of compressed images, shared by all images."`
-	LogLevel    string   `enum:"debug,info,warn,error" default:"info" help:"Least severe log messages to keep: debug, info, warn or error."`
-	LogFile     string   `placeholder:"PATH" help:"Append the log here. Default: syslog when running as a daemon, stderr with --foreground."`
-	Debug       bool     `help:"Log every FUSE request and reply (very verbose)."`
-	ReadAhead   byteSize `default:"4M" placeholder:"SIZE" help:"Kernel readahead for the mount (root only; the kernel's FUSE default is 128K)."`
-	ReadPath    string   `enum:"splice,copy" default:"splice" help:"How reads of uncompressed data are answered: splice (zero-copy from the image file) or copy (through a buffer)."`
-	CPUProfile  string   `placeholder:"PATH" help:"Write a Go CPU profile of the daemon here, from mount to unmount."`
-	ForceShare  bool     `short:"U" help:"Serve images that another process (a running qemu) has open for writing, like qemu-img -U; their content may change under the reader."`
-	Options     []string `short:"o" sep:"," placeholder:"OPT" help:"Options in mount(8) style: ro, allow_other, l2_cache_size=SIZE, cache_size=SIZE, read_ahead=SIZE, read_path=splice|copy, force_share, log_level=LEVEL, log_file=PATH, debug, foreground. Generic ones (rw, dev, suid, exec, auto, noauto, user, nofail, _netdev, x-*, ...) are accepted and ignored."`
+	Source              string   `arg:"" help:"Folder of qcow2 images (searched recursively), or one image file."`
+	Mountpoint          string   `arg:"" help:"Folder to mount on."`
+	Foreground          bool     `short:"f" help:"Stay in the foreground and log to stderr; unmount on SIGINT or SIGTERM."`
+	AllowOther          bool     `help:"Let other users read the mount (as non-root this needs user_allow_other in /etc/fuse.conf). File permissions still apply."`
+	L2CacheSize         byteSize `name:"l2-cache-size" default:"32M" placeholder:"SIZE" help:"Memory for L2 tables, shared by all images: 32M maps 256 GiB of disk at 64 KiB clusters."`
+	CacheSize           byteSize `default:"64M" placeholder:"SIZE" help:"Memory for decompressed clusters of compressed images, shared by all images."`
+	LogLevel            string   `enum:"debug,info,warn,error" default:"info" help:"Least severe log messages to keep: debug, info, warn or error."`
+	LogFile             string   `placeholder:"PATH" help:"Append the log here. Default: syslog when running as a daemon, stderr with --foreground."`
+	Debug               bool     `help:"Log every FUSE request and reply (very verbose)."`
+	ReadAhead           byteSize `default:"4M" placeholder:"SIZE" help:"Kernel readahead for the mount (root only; the kernel's FUSE default is 128K)."`
+	ReadPath            string   `enum:"splice,copy" default:"splice" help:"How reads of uncompressed data are answered: splice (zero-copy from the image file) or copy (through a buffer)."`
+	CPUProfile          string   `placeholder:"PATH" help:"Write a Go CPU profile of the daemon here, from mount to unmount."`
+	AllowBackingOutside []string `placeholder:"DIR" help:"Also follow backing and data files that resolve inside DIR (repeatable). By default they must lie inside the source folder."`
+	AllowCorrupt        bool     `help:"Serve images qemu marked corrupt (read-only, with a warning in the log)."`
+	ForceShare          bool     `short:"U" help:"Serve images that another process (a running qemu) has open for writing, like qemu-img -U; their content may change under the reader."`
+	Options             []string `short:"o" sep:"," placeholder:"OPT" help:"Options in mount(8) style: ro, allow_other, l2_cache_size=SIZE, cache_size=SIZE, read_ahead=SIZE, read_path=splice|copy, force_share, allow_corrupt, allow_backing_outside=DIR, log_level=LEVEL, log_file=PATH, debug, foreground. Generic ones (rw, dev, suid, exec, auto, noauto, user, nofail, _netdev, x-*, ...) are accepted and ignored."`
 	// Fake is mount(8)'s -f passed to a mount.qcowfs helper: check the
 	// options, mount nothing.
 	Fake bool `hidden:"" help:"Check the options but mount nothing (mount -f)."`
@@ -104,6 +106,13 @@ func (c *mountCmd) applyOptions() error {
 			c.Debug = true
 		case "force_share":
 			c.ForceShare = true
+		case "allow_corrupt":
+			c.AllowCorrupt = true
+		case "allow_backing_outside":
+			if !hasVal || val == "" {
+				return fmt.Errorf("option %s: want a folder", o)
+			}
+			c.AllowBackingOutside = append(c.AllowBackingOutside, val)
 		case "foreground":
 			c.Foreground = true
 		case "l2_cache_size":
@@ -385,6 +394,14 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 		cfg.ReadPath = fs.ReadCopy
 	}
 	cfg.ForceShare = c.ForceShare
+	cfg.Image.AllowCorrupt = c.AllowCorrupt
+	for _, d := range c.AllowBackingOutside {
+		abs, err := filepath.Abs(d)
+		if err != nil {
+			return err
+		}
+		cfg.Image.AllowedDirs = append(cfg.Image.AllowedDirs, abs)
+	}
 	root, err := fs.NewRoot(cfg)
 	if err != nil {
 		return err
