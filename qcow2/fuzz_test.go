@@ -197,7 +197,7 @@ func FuzzSnapshotTable(f *testing.F) {
 		h := &Header{ClusterBits: 16, Size: 1 << 30, NbSnapshots: n % (maxSnapshots + 1)}
 		file := append(make([]byte, 65536), table...)
 		h.SnapshotsOffset = 65536
-		snaps, err := readSnapshots(bytes.NewReader(file), "fuzz", h, int64(len(file)))
+		snaps, _, err := readSnapshots(bytes.NewReader(file), "fuzz", h, int64(len(file)))
 		if err != nil {
 			return
 		}

@@ -86,8 +86,16 @@ type Header struct {
 	BackingFormat     string // from extension 0xe2792aca; empty if absent
 	DataFile          string // from extension 0x44415441; empty if absent
 	HasBitmaps        bool   // extension 0x23852875 present
+	Bitmaps           BitmapsExtension
 	FeatureNames      []FeatureName
 	CryptoHeaderFound bool
+}
+
+// BitmapsExtension is the bitmaps header extension (0x23852875).
+type BitmapsExtension struct {
+	NbBitmaps       uint32
+	DirectorySize   uint64
+	DirectoryOffset uint64
 }
 
 // A FeatureName is one entry of the feature name table extension.
@@ -393,7 +401,15 @@ func (r *headerReader) parseExtensions(h *Header) error {
 				h.FeatureNames = append(h.FeatureNames, FeatureName{Type: e[0], Bit: e[1], Name: string(name)})
 			}
 		case extBitmaps:
+			if length < 24 {
+				return r.bad("bitmaps extension length", uint64(length), off+4, "shorter than 24 bytes")
+			}
 			h.HasBitmaps = true
+			h.Bitmaps = BitmapsExtension{
+				NbBitmaps:       binary.BigEndian.Uint32(body),
+				DirectorySize:   binary.BigEndian.Uint64(body[8:]),
+				DirectoryOffset: binary.BigEndian.Uint64(body[16:]),
+			}
 		case extCryptoHeader:
 			h.CryptoHeaderFound = true
 		case extDataFile:

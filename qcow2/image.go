@@ -39,6 +39,11 @@ type Options struct {
 	// and virtual size, over the same backing chain.
 	Snapshot string
 
+	// LenientTables skips checking every L1 entry at open, for image
+	// checkers that report bad entries rather than refuse the image.
+	// Reads through a bad entry still fail.
+	LenientTables bool
+
 	// AllowCorrupt opens images whose corrupt bit is set. They are only
 	// ever read, so this cannot make them worse.
 	AllowCorrupt bool
@@ -79,19 +84,20 @@ type layer struct {
 	raw bool
 
 	// Set for qcow2 layers only.
-	hdr          *Header
-	dataFile     *os.File // external data file; nil when clusters live in file
-	dataFileSize int64
-	clusterBits  uint
-	l2Bits       uint // log2 of entries per L2 table
-	scBits       uint // log2 of the subcluster size (= clusterBits without extended L2)
-	extendedL2   bool
-	l1           []uint64
-	l1Offset     int64      // where l1 was read from: the header's or a snapshot's
-	snapshots    []Snapshot // the top layer's snapshot table
-	cache        *Cache
-	owner        uint64
-	decomp       *decompressor
+	hdr           *Header
+	dataFile      *os.File // external data file; nil when clusters live in file
+	dataFileSize  int64
+	clusterBits   uint
+	l2Bits        uint // log2 of entries per L2 table
+	scBits        uint // log2 of the subcluster size (= clusterBits without extended L2)
+	extendedL2    bool
+	l1            []uint64
+	l1Offset      int64      // where l1 was read from: the header's or a snapshot's
+	snapshots     []Snapshot // the top layer's snapshot table
+	snapTableSize int64      // and its size in bytes
+	cache         *Cache
+	owner         uint64
+	decomp        *decompressor
 
 	// Read lazily, each guarded by its Once.
 	refs         refcounts
@@ -106,6 +112,11 @@ type layer struct {
 	lastCluster atomic.Int64                     // guest cluster of the last partial read
 	prefetching atomic.Bool                      // a readAhead goroutine is running
 	inflates    atomic.Int64                     // compressed clusters inflated
+
+	// The metadata map (metadata.go), built on first use.
+	metaOnce sync.Once
+	meta     *MetadataMap
+	metaErr  error
 }
 
 // Open opens the qcow2 image at path and its whole backing chain.
@@ -199,7 +210,7 @@ func newQcow2Layer(f *os.File, name string, depth int, opts *Options) (*layer, e
 	l.decomp = newDecompressor(h.CompressionType, l.clusterSize())
 
 	if depth == 0 {
-		if l.snapshots, err = readSnapshots(f, name, h, l.fileSize); err != nil {
+		if l.snapshots, l.snapTableSize, err = readSnapshots(f, name, h, l.fileSize); err != nil {
 			return nil, err
 		}
 	}
@@ -211,7 +222,7 @@ func newQcow2Layer(f *os.File, name string, depth int, opts *Options) (*layer, e
 		}
 		l1Off, l1Size, l.size = int64(s.L1TableOffset), s.L1Size, s.Size
 	}
-	if err := l.loadL1(l1Off, l1Size); err != nil {
+	if err := l.loadL1(l1Off, l1Size, !opts.LenientTables); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -222,7 +233,7 @@ func newQcow2Layer(f *os.File, name string, depth int, opts *Options) (*layer, e
 // every entry: an L2 table offset must be cluster aligned and its table
 // inside the file, so that a bad entry is refused at open rather than
 // found by a read.
-func (l *layer) loadL1(l1Off int64, l1Size uint32) error {
+func (l *layer) loadL1(l1Off int64, l1Size uint32, check bool) error {
 	buf := make([]byte, int(l1Size)*8)
 	if _, err := l.file.ReadAt(buf, l1Off); err != nil {
 		return fmt.Errorf("%s: reading L1 table at byte offset %d: %w", l.name, l1Off, err)
@@ -234,7 +245,7 @@ func (l *layer) loadL1(l1Off int64, l1Size uint32) error {
 		e := binary.BigEndian.Uint64(buf[i*8:])
 		l.l1[i] = e
 		off := int64(e & l1OffsetMask)
-		if off == 0 {
+		if off == 0 || !check {
 			continue
 		}
 		if off&(cs-1) != 0 {
@@ -382,6 +393,12 @@ func (l *layer) lookup(off, n int64) (run, error) {
 			r.length += step
 		}
 		pos += step
+	}
+	if r.kind == kindNormal {
+		// Guest data must not come from the image's own metadata.
+		if err := l.checkNotMetadata(r.host, r.length, r.entry, r.entryOff); err != nil {
+			return run{}, err
+		}
 	}
 	return r, nil
 }

@@ -42,14 +42,15 @@ type FormatSpecific struct {
 // Qcow2Details is the qcow2 part of Info. Fields qemu prints only for
 // version 3 images are pointers, nil for version 2.
 type Qcow2Details struct {
-	Compat          string `json:"compat"`
-	CompressionType string `json:"compression-type"`
-	LazyRefcounts   *bool  `json:"lazy-refcounts,omitempty"`
-	RefcountBits    int    `json:"refcount-bits"`
-	DataFile        string `json:"data-file,omitempty"`
-	DataFileRaw     *bool  `json:"data-file-raw,omitempty"`
-	Corrupt         *bool  `json:"corrupt,omitempty"`
-	ExtendedL2      *bool  `json:"extended-l2,omitempty"`
+	Compat          string   `json:"compat"`
+	CompressionType string   `json:"compression-type"`
+	LazyRefcounts   *bool    `json:"lazy-refcounts,omitempty"`
+	Bitmaps         []Bitmap `json:"bitmaps,omitempty"`
+	RefcountBits    int      `json:"refcount-bits"`
+	DataFile        string   `json:"data-file,omitempty"`
+	DataFileRaw     *bool    `json:"data-file-raw,omitempty"`
+	Corrupt         *bool    `json:"corrupt,omitempty"`
+	ExtendedL2      *bool    `json:"extended-l2,omitempty"`
 }
 
 // Info returns the image's summary.
@@ -92,6 +93,7 @@ func (img *Image) Info() Info {
 		d := &info.FormatSpecific.Data
 		d.Compat = "1.1"
 		d.LazyRefcounts = ptr(h.CompatibleFeatures&CompatLazyRefcounts != 0)
+		d.Bitmaps = img.Bitmaps()
 		d.Corrupt = ptr(h.IncompatibleFeatures&IncompatCorrupt != 0)
 		d.ExtendedL2 = ptr(h.ExtendedL2())
 		if h.DataFile != "" {

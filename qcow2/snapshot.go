@@ -40,11 +40,12 @@ type Snapshot struct {
 	entryOff int64 // byte offset of the entry in the image file
 }
 
-// readSnapshots parses the snapshot table of the qcow2 file f. Every field
-// is checked against the file and the specification where it is read.
-func readSnapshots(f io.ReaderAt, name string, h *Header, fileSize int64) ([]Snapshot, error) {
+// readSnapshots parses the snapshot table of the qcow2 file f, returning
+// the snapshots and the table's size in bytes. Every field is checked
+// against the file and the specification where it is read.
+func readSnapshots(f io.ReaderAt, name string, h *Header, fileSize int64) ([]Snapshot, int64, error) {
 	if h.NbSnapshots == 0 {
-		return nil, nil
+		return nil, 0, nil
 	}
 	bad := func(field string, val uint64, off int64, format string, args ...any) error {
 		return &FormatError{File: name, Field: field, Value: val, Offset: off, Msg: fmt.Sprintf(format, args...)}
@@ -55,10 +56,10 @@ func readSnapshots(f io.ReaderAt, name string, h *Header, fileSize int64) ([]Sna
 	var fixed [40]byte
 	for i := uint32(0); i < h.NbSnapshots; i++ {
 		if off+40 > fileSize {
-			return nil, bad("snapshot table", uint64(i), 64, "snapshot %d's entry at byte offset %d runs past the end of the file", i, off)
+			return nil, 0, bad("snapshot table", uint64(i), 64, "snapshot %d's entry at byte offset %d runs past the end of the file", i, off)
 		}
 		if _, err := f.ReadAt(fixed[:], off); err != nil {
-			return nil, fmt.Errorf("%s: reading snapshot %d at byte offset %d: %w", name, i, off, err)
+			return nil, 0, fmt.Errorf("%s: reading snapshot %d at byte offset %d: %w", name, i, off, err)
 		}
 		be := binary.BigEndian
 		s := Snapshot{
@@ -76,15 +77,15 @@ func readSnapshots(f io.ReaderAt, name string, h *Header, fileSize int64) ([]Sna
 		nameLen := int64(be.Uint16(fixed[14:]))
 		extraLen := int64(be.Uint32(fixed[36:]))
 		if extraLen > maxSnapshotExtra {
-			return nil, bad("snapshot extra_data_size", uint64(extraLen), off+36, "larger than %d", maxSnapshotExtra)
+			return nil, 0, bad("snapshot extra_data_size", uint64(extraLen), off+36, "larger than %d", maxSnapshotExtra)
 		}
 		varLen := extraLen + idLen + nameLen
 		if off+40+varLen > fileSize {
-			return nil, bad("snapshot entry", uint64(varLen), off, "snapshot %d's entry runs past the end of the file", i)
+			return nil, 0, bad("snapshot entry", uint64(varLen), off, "snapshot %d's entry runs past the end of the file", i)
 		}
 		buf := make([]byte, varLen)
 		if _, err := f.ReadAt(buf, off+40); err != nil {
-			return nil, fmt.Errorf("%s: reading snapshot %d at byte offset %d: %w", name, i, off, err)
+			return nil, 0, fmt.Errorf("%s: reading snapshot %d at byte offset %d: %w", name, i, off, err)
 		}
 		extra := buf[:extraLen]
 		if len(extra) >= 8 {
@@ -100,21 +101,21 @@ func readSnapshots(f io.ReaderAt, name string, h *Header, fileSize int64) ([]Sna
 		s.Name = string(buf[extraLen+idLen:])
 
 		if s.Size < 0 || s.Size > 1<<62 {
-			return nil, bad("snapshot disk_size", uint64(s.Size), off+48, "snapshot %q: impossible virtual size", s.ID)
+			return nil, 0, bad("snapshot disk_size", uint64(s.Size), off+48, "snapshot %q: impossible virtual size", s.ID)
 		}
 		if s.L1TableOffset%uint64(cs) != 0 {
-			return nil, bad("snapshot l1_table_offset", s.L1TableOffset, off, "snapshot %q: not aligned to the cluster size", s.ID)
+			return nil, 0, bad("snapshot l1_table_offset", s.L1TableOffset, off, "snapshot %q: not aligned to the cluster size", s.ID)
 		}
 		if uint64(s.L1Size)*8 > maxL1Bytes {
-			return nil, bad("snapshot l1_size", uint64(s.L1Size), off+8, "snapshot %q: L1 table larger than %d bytes", s.ID, maxL1Bytes)
+			return nil, 0, bad("snapshot l1_size", uint64(s.L1Size), off+8, "snapshot %q: L1 table larger than %d bytes", s.ID, maxL1Bytes)
 		}
 		if s.L1Size > 0 && (s.L1TableOffset >= uint64(fileSize) || uint64(s.L1Size)*8 > uint64(fileSize)-s.L1TableOffset) {
-			return nil, bad("snapshot l1_table_offset", s.L1TableOffset, off, "snapshot %q: L1 table runs past the end of the file", s.ID)
+			return nil, 0, bad("snapshot l1_table_offset", s.L1TableOffset, off, "snapshot %q: L1 table runs past the end of the file", s.ID)
 		}
 		snaps = append(snaps, s)
 		off += (40 + varLen + 7) &^ 7
 	}
-	return snaps, nil
+	return snaps, off - int64(h.SnapshotsOffset), nil
 }
 
 // Snapshots returns the image's internal snapshots, in table order.

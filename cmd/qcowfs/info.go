@@ -83,6 +83,18 @@ func printInfo(w io.Writer, info *qcow2.Info) {
 	if d.LazyRefcounts != nil {
 		fmt.Fprintf(w, "    lazy refcounts: %t\n", *d.LazyRefcounts)
 	}
+	if len(d.Bitmaps) > 0 {
+		fmt.Fprintln(w, "    bitmaps:")
+		for i, b := range d.Bitmaps {
+			fmt.Fprintf(w, "        [%d]:\n", i)
+			fmt.Fprintln(w, "            flags:")
+			for j, f := range b.Flags {
+				fmt.Fprintf(w, "                [%d]: %s\n", j, f)
+			}
+			fmt.Fprintf(w, "            name: %s\n", b.Name)
+			fmt.Fprintf(w, "            granularity: %d\n", b.Granularity)
+		}
+	}
 	fmt.Fprintf(w, "    refcount bits: %d\n", d.RefcountBits)
 	if d.DataFile != "" {
 		fmt.Fprintf(w, "    data file: %s\n", d.DataFile)

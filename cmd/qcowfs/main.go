@@ -26,6 +26,7 @@ type cli struct {
 	Unmount unmountCmd `cmd:"" aliases:"umount" help:"Unmount a qcowfs mount."`
 	Info    infoCmd    `cmd:"" help:"Show an image's details, like qemu-img info."`
 	Map     mapCmd     `cmd:"" help:"Show where an image's data lives, like qemu-img map."`
+	Check   checkCmd   `cmd:"" help:"Check an image's metadata, like qemu-img check (never writes it)."`
 	Version versionCmd `cmd:"" help:"Print the version."`
 
 	VersionFlag kong.VersionFlag `name:"version" help:"Print the version."`
@@ -90,7 +91,7 @@ func helperArgs(args []string) []string {
 	helper := byMount
 	if !helper {
 		switch args[1] {
-		case "mount", "unmount", "umount", "info", "map", "version", "help":
+		case "mount", "unmount", "umount", "info", "map", "check", "version", "help":
 			return args
 		}
 		helper = len(args) >= 3 && !strings.HasPrefix(args[1], "-") && !strings.HasPrefix(args[2], "-")

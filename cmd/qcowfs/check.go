@@ -1,0 +1,102 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/qcowfs/qcowfs/qcow2"
+)
+
+type checkCmd struct {
+	Image      string `arg:"" help:"The qcow2 image."`
+	Output     string `enum:"human,json" default:"human" help:"Output format: human or json (the fields of qemu-img check --output=json)."`
+	ForceShare bool   `short:"U" help:"Check the image even if another process (a running qemu) has it open for writing, like qemu-img -U."`
+}
+
+// Run checks the image like qemu-img check (never writing it) and exits
+// like it: 0 clean, 2 corruptions, 3 leaks only, 1 if the check could not
+// complete.
+func (c *checkCmd) Run() error {
+	img, err := qcow2.Open(c.Image, qcow2.Options{
+		Cache:         qcow2.NewCache(qcow2.DefaultCacheSize, 1<<20),
+		AllowCorrupt:  true,
+		NoBacking:     true,
+		LenientTables: true,
+	})
+	if err != nil {
+		return err
+	}
+	defer img.Close()
+	if err := img.Lock(c.ForceShare); err != nil {
+		return err
+	}
+	var progress func(done, total int64)
+	if isTerminal(os.Stderr) {
+		progress = func(done, total int64) {
+			fmt.Fprintf(os.Stderr, "\rchecking %s: %d%%", c.Image, done*100/max(total, 1))
+		}
+	}
+	res, err := img.Check(progress)
+	if progress != nil {
+		fmt.Fprint(os.Stderr, "\r\033[K")
+	}
+	for _, m := range res.Messages {
+		fmt.Fprintln(os.Stderr, m)
+	}
+	if err != nil {
+		res.CheckErrors++
+		fmt.Fprintf(os.Stderr, "qcowfs: the check could not complete: %v\n", err)
+	}
+	if c.Output == "json" {
+		b, err := json.MarshalIndent(res, "", "    ")
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%s\n", b)
+	} else {
+		printCheck(os.Stdout, res)
+	}
+	switch {
+	case res.CheckErrors > 0:
+		return &exitError{code: 1}
+	case res.Corruptions > 0:
+		return &exitError{code: 2}
+	case res.Leaks > 0:
+		return &exitError{code: 3}
+	}
+	return nil
+}
+
+// printCheck prints the summary the way qemu-img check does.
+func printCheck(w io.Writer, r *qcow2.CheckResult) {
+	if r.Corruptions == 0 && r.Leaks == 0 && r.CheckErrors == 0 {
+		fmt.Fprintln(w, "No errors were found on the image.")
+	}
+	if r.Corruptions > 0 {
+		fmt.Fprintf(w, "\n%d errors were found on the image.\nData may be corrupted, or further writes to the image may corrupt it.\n", r.Corruptions)
+	}
+	if r.Leaks > 0 {
+		fmt.Fprintf(w, "\n%d leaked clusters were found on the image.\nThis means waste of disk space, but no harm to data.\n", r.Leaks)
+	}
+	if r.CheckErrors > 0 {
+		fmt.Fprintf(w, "\n%d internal errors have occurred during the check.\n", r.CheckErrors)
+	}
+	if r.TotalClusters != 0 && r.AllocatedClusters != 0 {
+		a := float64(r.AllocatedClusters)
+		fmt.Fprintf(w, "%d/%d = %0.2f%% allocated, %0.2f%% fragmented, %0.2f%% compressed clusters\n",
+			r.AllocatedClusters, r.TotalClusters, a*100/float64(r.TotalClusters),
+			float64(r.FragmentedClusters)*100/a, float64(r.CompressedClusters)*100/a)
+	}
+	if r.ImageEndOffset != 0 {
+		fmt.Fprintf(w, "Image end offset: %d\n", r.ImageEndOffset)
+	}
+}
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
