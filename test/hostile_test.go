@@ -178,7 +178,20 @@ func TestHostileImages(t *testing.T) {
 	noformat := mk("noformat.qcow2", "1M", "-b", "base.img.raw", "-F", "raw")
 	patchU(t, noformat, headerExtension(t, noformat, 0xe2792aca), 4, 0x5a5a5a5a)
 	mk("declared-raw.qcow2", "2M", "-b", "good.qcow2", "-F", "raw")
-	served := []string{"good.qcow2", "dirty.qcow2", "lazy.qcow2", "compat.qcow2", "noformat.qcow2", "declared-raw.qcow2"}
+	// A relative external data file name, resolved like a backing file
+	// (relative to the image's folder; qemu resolves it against its own
+	// working folder, so the oracle runs there).
+	create := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-o", "data_file=rel.data,data_file_raw=on", "datafile.qcow2", "2M")
+	create.Dir = src
+	if out, err := create.CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img create: %v %s", err, out)
+	}
+	write := exec.Command("qemu-io", "-f", "qcow2", "-c", "write -P 0x68 4096 100k", "datafile.qcow2")
+	write.Dir = src
+	if out, err := write.CombinedOutput(); err != nil {
+		t.Fatalf("qemu-io: %v %s", err, out)
+	}
+	served := []string{"good.qcow2", "dirty.qcow2", "lazy.qcow2", "compat.qcow2", "noformat.qcow2", "declared-raw.qcow2", "datafile.qcow2"}
 
 	m := mountImages(t, src)
 	listed := names(t, m.Dir)
@@ -208,8 +221,15 @@ func TestHostileImages(t *testing.T) {
 			continue
 		}
 		// qemu-img convert is the oracle (it too follows the image's
-		// backing format, or probes where there is none).
-		want, err := os.ReadFile(qemu.ToRaw(t, filepath.Join(src, name), filepath.Join(t.TempDir(), raw)))
+		// backing format, or probes where there is none), run in the
+		// source folder for the relative data file.
+		out := filepath.Join(t.TempDir(), raw)
+		convert := exec.Command("qemu-img", "convert", "-O", "raw", name, out)
+		convert.Dir = src
+		if b, err := convert.CombinedOutput(); err != nil {
+			t.Fatalf("qemu-img convert %s: %v %s", name, err, b)
+		}
+		want, err := os.ReadFile(out)
 		if err != nil {
 			t.Fatal(err)
 		}
