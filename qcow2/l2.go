@@ -1,6 +1,12 @@
 package qcow2
 
-// L1 and L2 entries (specification, "Cluster mapping").
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// L1 and L2 entries (specification, "Cluster mapping"), and the lookup of
+// guest offsets through them.
 //
 // Guest offsets map to host offsets through two levels: the L1 table, read
 // once at open, points to L2 tables, which are loaded on demand through the
@@ -103,4 +109,145 @@ func (l *layer) subclusterKind(e l2Entry, sc int) (k kind, ok bool) {
 	default:
 		return kindUnallocated, true
 	}
+}
+
+// l2Table returns the L2 table with index l1Index, or nil if the L1 entry
+// is unallocated. The table holds cluster_size/8 words: one per entry, or
+// two per entry with extended L2 entries.
+func (l *layer) l2Table(l1Index int64) ([]uint64, error) {
+	if l1Index >= int64(len(l.l1)) {
+		return nil, nil
+	}
+	e := l.l1[l1Index]
+	entryOff := l.l1Offset + 8*l1Index
+	off := int64(e & l1OffsetMask)
+	if off == 0 {
+		return nil, nil
+	}
+	if off&(l.clusterSize()-1) != 0 {
+		return nil, &FormatError{File: l.name, Field: "L1 entry", Value: e, Offset: entryOff,
+			Msg: fmt.Sprintf("L2 table offset %#x is not cluster aligned", off)}
+	}
+	if off > l.fileSize-l.clusterSize() {
+		return nil, &FormatError{File: l.name, Field: "L1 entry", Value: e, Offset: entryOff,
+			Msg: fmt.Sprintf("L2 table at %#x runs past the end of the file (%d bytes)", off, l.fileSize)}
+	}
+	return l.cache.get(cacheKey{owner: l.owner, off: off}, func() ([]uint64, error) {
+		return l.readTable(off, "L2 table")
+	})
+}
+
+// readTable reads the cluster at off of the image file as big-endian
+// 64-bit words: an L2 table or a refcount block.
+func (l *layer) readTable(off int64, what string) ([]uint64, error) {
+	buf := make([]byte, l.clusterSize())
+	if _, err := l.file.ReadAt(buf, off); err != nil {
+		return nil, fmt.Errorf("%s: reading %s at byte offset %d: %w", l.name, what, off, err)
+	}
+	t := make([]uint64, len(buf)/8)
+	for i := range t {
+		t[i] = binary.BigEndian.Uint64(buf[i*8:])
+	}
+	return t, nil
+}
+
+// run is a stretch of guest bytes that one layer stores the same way.
+type run struct {
+	kind   kind
+	length int64
+	// host is the host offset of the run's first byte in the data file,
+	// for kindNormal and for preallocated zero clusters; -1 otherwise.
+	host int64
+	// entry is the L2 entry of a kindCompressed run (one cluster at most).
+	entry l2Entry
+	// entryOff is the byte offset of that entry in the image file.
+	entryOff int64
+}
+
+// lookup returns the run of this qcow2 layer that starts at guest offset
+// off, at most n bytes long (n > 0). It reads at most one L2 table: a run
+// never crosses an L2 table boundary.
+func (l *layer) lookup(off, n int64) (run, error) {
+	cs := l.clusterSize()
+	scSize := int64(1) << l.scBits
+	l2Span := cs << l.l2Bits // guest bytes mapped by one L2 table
+	if rest := l2Span - off&(l2Span-1); n > rest {
+		n = rest
+	}
+	table, err := l.l2Table(off / l2Span)
+	if err != nil {
+		return run{}, err
+	}
+	if table == nil {
+		return run{kind: kindUnallocated, length: n, host: -1}, nil
+	}
+	l1Index := off / l2Span
+	l2Base := int64(l.l1[l1Index] & l1OffsetMask)
+
+	words := int64(1)
+	if l.extendedL2 {
+		words = 2
+	}
+	var r run
+	end := off + n
+	for pos := off; pos < end; {
+		idx := (pos >> l.clusterBits) & (1<<l.l2Bits - 1)
+		e := l2Entry{word: table[idx*words]}
+		if l.extendedL2 {
+			e.bitmap = table[idx*words+1]
+		}
+		entryOff := l2Base + idx*words*8
+		sc := int((pos & (cs - 1)) >> l.scBits)
+		k, ok := l.subclusterKind(e, sc)
+		if !ok {
+			return run{}, &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
+				Msg: fmt.Sprintf("invalid subcluster bitmap %#x", e.bitmap)}
+		}
+		host := int64(-1)
+		// The host offset of the subcluster, where the cluster has one:
+		// data, preallocated zeros, and (extended L2) unallocated
+		// subclusters of an allocated cluster, which qemu's block
+		// status reports with their offset too.
+		if k != kindCompressed {
+			if h := e.hostOffset(); h != 0 || k == kindNormal {
+				if h&(cs-1) != 0 {
+					return run{}, &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
+						Msg: fmt.Sprintf("host cluster offset %#x is not cluster aligned", h)}
+				}
+				host = h + pos&(cs-1)
+			}
+		}
+		if k == kindNormal && host >= l.dataSize() {
+			return run{}, &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
+				Msg: fmt.Sprintf("host cluster offset %#x is past the end of the data file (%d bytes)", e.hostOffset(), l.dataSize())}
+		}
+		// The stretch of this subcluster from pos.
+		step := scSize - pos&(scSize-1)
+		if step > end-pos {
+			step = end - pos
+		}
+		if pos == off {
+			r = run{kind: k, length: step, host: host, entry: e, entryOff: entryOff}
+			if k == kindCompressed {
+				// A compressed run is one cluster at most.
+				r.length = min(cs-pos&(cs-1), n)
+				return r, nil
+			}
+		} else {
+			contiguous := k == r.kind && (host < 0) == (r.host < 0) &&
+				(host < 0 || host == r.host+r.length)
+			if !contiguous {
+				break
+			}
+			r.length += step
+		}
+		pos += step
+	}
+	if r.kind == kindNormal {
+		// Guest data must not come from the image's own metadata.
+		if err := l.checkNotMetadata(r.host, r.length, r.entry, r.entryOff); err != nil {
+			return run{}, err
+		}
+	}
+	return r, nil
 }
