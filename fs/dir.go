@@ -39,6 +39,7 @@ const (
 	kindDir entryKind = iota
 	kindImage
 	kindPlain
+	kindParts // the folder of a disk's partitions (parts.go)
 )
 
 // snapshotEntry is what a listing keeps of an image's snapshot.
@@ -62,6 +63,7 @@ type entry struct {
 
 	snaps []snapshotEntry // images: their internal snapshots
 	snap  string          // a snapshot entry: its ID (kind is kindImage)
+	part  int             // a partition, or partsFolder (kindParts)
 	held  *openImage      // images: kept open (and locked) while listed
 	// locked: an image not shown because another process holds its
 	// write lock; it is tried again at every listing.
@@ -69,7 +71,7 @@ type entry struct {
 }
 
 // disk names the disk an image or snapshot entry shows.
-func (e *entry) disk() diskID { return diskID{v: e.v, snap: e.snap} }
+func (e *entry) disk() diskID { return diskID{v: e.v, snap: e.snap, part: e.part} }
 
 // list reads the source folder and returns its entries by exposed name.
 // Entries whose file did not change since the last listing are reused, so
@@ -151,6 +153,26 @@ func (d *dirNode) list() (map[string]*entry, error) {
 				size: sn.size, used: min(img.used, sn.size), exposed: name, snap: sn.id}
 		}
 	}
+	// The folders of partitions, after every other name (parts.go).
+	if !d.m.cfg.NoPartitions {
+		var disks []*entry
+		for _, e := range out {
+			if e.kind == kindImage {
+				disks = append(disks, e)
+			}
+		}
+		sort.Slice(disks, func(i, j int) bool { return disks[i].exposed < disks[j].exposed })
+		for _, e := range disks {
+			name := partsName(e.exposed)
+			if out[name] != nil {
+				continue
+			}
+			if t := d.m.partitionTable(e.path, e.disk()); t != nil && len(shownPartitions(t)) > 0 {
+				out[name] = &entry{src: e.src, path: e.path, kind: kindParts, v: e.v, st: e.st, snap: e.snap,
+					part: partsFolder, exposed: name, used: e.used}
+			}
+		}
+	}
 	return out, nil
 }
 
@@ -226,7 +248,7 @@ func (d *dirNode) validate(e *entry) {
 	for _, s := range img.Snapshots() {
 		e.snaps = append(e.snaps, snapshotEntry{id: s.ID, name: s.Name, size: s.Size})
 	}
-	d.m.usage.request(e.disk(), e.path)
+	d.m.usage.request(e.disk(), usageJob{path: e.path, end: e.size})
 }
 
 var _ = (gofs.NodeOnForgetter)((*dirNode)(nil))
@@ -266,10 +288,16 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	case kindDir:
 		node = &dirNode{m: d.m, path: e.path}
 		stable.Mode = syscall.S_IFDIR
+	case kindParts:
+		disk := e.disk().base()
+		img := *e
+		img.kind, img.part = kindImage, 0
+		node = &partsNode{m: d.m, path: e.path, d: disk, table: d.m.partitionTable(e.path, disk), img: &img}
+		stable.Mode, stable.Gen = syscall.S_IFDIR, e.v.generation()
 	case kindImage:
 		node = &imageNode{m: d.m, path: e.path, d: e.disk(), size: e.size, used: e.used}
 		if e.snap != "" {
-			d.m.usage.request(e.disk(), e.path)
+			d.m.usage.request(e.disk(), usageJob{path: e.path, end: e.size})
 		}
 		stable.Mode, stable.Gen = syscall.S_IFREG, e.v.generation()
 	default:
@@ -312,7 +340,7 @@ func (d *dirNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
 	list := make([]fuse.DirEntry, 0, len(entries))
 	for name, e := range entries {
 		mode := uint32(syscall.S_IFREG)
-		if e.kind == kindDir {
+		if e.kind == kindDir || e.kind == kindParts {
 			mode = syscall.S_IFDIR
 		}
 		list = append(list, fuse.DirEntry{Name: name, Mode: mode, Ino: e.disk().inode()})
@@ -343,8 +371,15 @@ func (m *mount) fillAttr(a *fuse.Attr, e *entry) (final bool) {
 	a.FromStat(&e.st)
 	a.Ino = e.disk().inode()
 	a.Mode = e.st.Mode&^0o222&^syscall.S_IFMT | syscall.S_IFREG
-	if e.kind == kindDir {
+	switch e.kind {
+	case kindDir:
 		a.Mode = e.st.Mode&^0o222&^syscall.S_IFMT | syscall.S_IFDIR
+	case kindParts:
+		// The image's read permissions, with search where read is.
+		perm := e.st.Mode & 0o444
+		a.Mode = perm | perm>>2 | syscall.S_IFDIR
+		a.Size, a.Blocks, a.Nlink = 0, 0, 2
+		return false
 	}
 	a.Size = uint64(e.size)
 	a.Blksize = 1 << 16

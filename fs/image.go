@@ -8,16 +8,17 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
-// imageNode is a qcow2 image, or one of its internal snapshots, shown as a
-// raw disk file. It stands for one version of the image file; the image
+// imageNode is a qcow2 image, one of its internal snapshots, or a
+// partition of either, shown as a raw file. It stands for one version of the image file; the image
 // itself is opened while the node has open handles (see mount.acquire).
 type imageNode struct {
 	gofs.Inode
-	m    *mount
-	path string
-	d    diskID // the image file version, and the snapshot if one
-	size int64
-	used int64 // estimate of the data bytes; see usage.go
+	m     *mount
+	path  string
+	d     diskID // the image file version, snapshot and partition
+	start int64  // where the file starts in the disk: a partition's offset
+	size  int64
+	used  int64 // estimate of the data bytes; see usage.go
 }
 
 var (
@@ -48,7 +49,7 @@ func (n *imageNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, ui
 
 // Read serves a read from the image; requests run in parallel.
 func (n *imageNode) Read(ctx context.Context, f gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	return n.m.read(f.(*imageHandle).oi, dest, off)
+	return n.m.read(f.(*imageHandle).oi, dest, n.start+off, n.start+n.size)
 }
 
 func (n *imageNode) Release(ctx context.Context, f gofs.FileHandle) syscall.Errno {
@@ -64,7 +65,7 @@ func (n *imageNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.At
 		// the version it was looked up as.
 		st = syscall.Stat_t{}
 	}
-	e := &entry{kind: kindImage, v: n.d.v, snap: n.d.snap, size: n.size, used: n.used, st: st}
+	e := &entry{kind: kindImage, v: n.d.v, snap: n.d.snap, part: n.d.part, size: n.size, used: n.used, st: st}
 	if st.Ino == 0 {
 		e.st.Mode = syscall.S_IFREG | 0o444
 		e.st.Ino = n.d.v.ino

@@ -32,13 +32,15 @@ const maxSpliceExtents = 32
 // zeros is a shared source of zero bytes for replies, never written.
 var zeros = make([]byte, 1<<20)
 
-// read answers a read of the image: at most len(dest) bytes at off.
-func (m *mount) read(oi *openImage, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+// read answers a read of the image: at most len(dest) bytes at off, and
+// nothing at or past limit (the end of the disk, or of a partition).
+func (m *mount) read(oi *openImage, dest []byte, off, limit int64) (fuse.ReadResult, syscall.Errno) {
 	img := oi.img
-	if off >= img.Size() {
+	limit = min(limit, img.Size())
+	if off >= limit {
 		return fuse.ReadResultData(nil), 0
 	}
-	size := min(int64(len(dest)), img.Size()-off)
+	size := min(int64(len(dest)), limit-off)
 	if m.cfg.ReadPath == ReadSplice {
 		rr, err := spliceRead(img, off, size)
 		if err != nil {

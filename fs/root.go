@@ -44,6 +44,8 @@ type Config struct {
 	// ForceShare serves images other processes have open for writing,
 	// like qemu-img -U, and takes no lock that would stop them.
 	ForceShare bool
+	// NoPartitions hides the STEM.raw.parts folders of partitions.
+	NoPartitions bool
 }
 
 // Timeouts the kernel may cache entries and attributes for. Folders can
@@ -72,6 +74,9 @@ type mount struct {
 	images map[diskID]*openImage // images with open handles
 
 	usage *usageTable // st_blocks of images, see usage.go
+
+	tablesMu sync.Mutex               // guards tables
+	tables   map[diskID]*tableOrError // partition tables of disks, see parts.go
 }
 
 // NewRoot returns the root node for cfg.Source and the options the mount
@@ -95,7 +100,7 @@ func NewRoot(cfg Config) (gofs.InodeEmbedder, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &mount{cfg: cfg, log: cfg.Log, images: map[diskID]*openImage{}, usage: newUsageTable()}
+	m := &mount{cfg: cfg, log: cfg.Log, images: map[diskID]*openImage{}, usage: newUsageTable(), tables: map[diskID]*tableOrError{}}
 	go m.countUsage()
 	if st.IsDir() {
 		m.root = src
@@ -166,17 +171,26 @@ func (v version) generation() uint64 {
 type diskID struct {
 	v    version
 	snap string // snapshot ID; "" for the image's current state
+	// part is a partition number of the disk (parts.go): 0 for the
+	// whole disk, partsFolder for the folder of its partitions.
+	part int
 }
 
+const partsFolder = -1
+
+// base is the whole disk d is part of.
+func (d diskID) base() diskID { return diskID{v: d.v, snap: d.snap} }
+
 // inode is the disk's inode number: the image file's for the image
-// itself; for a snapshot, a hash of the file and snapshot ID with the top
-// bit set, a range host inode numbers do not reach.
+// itself; for a snapshot, a partition or a partitions folder, a hash of
+// the file, snapshot ID and partition with the top bit set, a range host
+// inode numbers do not reach.
 func (d diskID) inode() uint64 {
-	if d.snap == "" {
+	if d.snap == "" && d.part == 0 {
 		return d.v.inode()
 	}
 	h := fnv.New64a()
-	fmt.Fprintf(h, "%d/%d/%s", d.v.dev, d.v.ino, d.snap)
+	fmt.Fprintf(h, "%d/%d/%s/%d", d.v.dev, d.v.ino, d.snap, d.part)
 	return h.Sum64() | 1<<63
 }
 
@@ -195,6 +209,7 @@ type openImage struct {
 // opening it if no handle has it open. Every acquire is paired with a
 // release.
 func (m *mount) acquire(path string, d diskID) (*openImage, error) {
+	d = d.base() // partitions share their disk's image
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if oi := m.images[d]; oi != nil {
@@ -225,6 +240,7 @@ func (m *mount) acquire(path string, d diskID) (*openImage, error) {
 }
 
 func (m *mount) release(d diskID, oi *openImage) {
+	d = d.base()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	oi.refs--

@@ -25,27 +25,31 @@ func (n *imageNode) Lseek(ctx context.Context, f gofs.FileHandle, off uint64, wh
 		return 0, syscall.EBADF
 	}
 	img := h.oi.img
-	if int64(off) < 0 || int64(off) >= img.Size() {
+	// The file is [n.start, end) of the disk.
+	end := min(n.start+n.size, img.Size())
+	if int64(off) < 0 || n.start+int64(off) >= end {
 		if whence == unix.SEEK_DATA || whence == unix.SEEK_HOLE {
 			return 0, syscall.ENXIO
 		}
 		return 0, syscall.EINVAL
 	}
+	at := n.start + int64(off)
 	var pos int64
 	var err error
 	switch whence {
 	case unix.SEEK_DATA:
-		pos, err = img.NextData(int64(off))
-		if errors.Is(err, qcow2.ErrNoData) {
+		pos, err = img.NextData(at)
+		if errors.Is(err, qcow2.ErrNoData) || (err == nil && pos >= end) {
 			return 0, syscall.ENXIO
 		}
 	case unix.SEEK_HOLE:
-		pos, err = img.NextHole(int64(off))
+		pos, err = img.NextHole(at)
+		pos = min(pos, end)
 	default:
 		return 0, syscall.EINVAL
 	}
 	if err != nil {
-		return 0, n.m.readFailed(h.oi, int64(off), err)
+		return 0, n.m.readFailed(h.oi, at, err)
 	}
-	return uint64(pos), 0
+	return uint64(pos - n.start), 0
 }

@@ -23,7 +23,7 @@ const maxUsageEntries = 1 << 16
 type usageTable struct {
 	mu      sync.Mutex
 	bytes   map[diskID]int64       // exact data bytes, once counted
-	pending map[diskID]string      // queued or being counted: path
+	pending map[diskID]usageJob    // queued or being counted
 	nodes   map[diskID]*gofs.Inode // the node to notify, if looked up
 	queue   chan diskID
 }
@@ -31,7 +31,7 @@ type usageTable struct {
 func newUsageTable() *usageTable {
 	return &usageTable{
 		bytes:   map[diskID]int64{},
-		pending: map[diskID]string{},
+		pending: map[diskID]usageJob{},
 		nodes:   map[diskID]*gofs.Inode{},
 		queue:   make(chan diskID, 1024),
 	}
@@ -45,9 +45,16 @@ func (u *usageTable) get(v diskID) (int64, bool) {
 	return n, ok
 }
 
-// request queues a count of the image at path, once per version. A full
-// queue drops the request; the estimate then stands until a later lookup.
-func (u *usageTable) request(v diskID, path string) {
+// usageJob is what to count: the data of [start, end) of the disk of the
+// image at path.
+type usageJob struct {
+	path       string
+	start, end int64
+}
+
+// request queues a count of disk v, once per version. A full queue drops
+// the request; the estimate then stands until a later lookup.
+func (u *usageTable) request(v diskID, job usageJob) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if _, ok := u.bytes[v]; ok {
@@ -58,7 +65,7 @@ func (u *usageTable) request(v diskID, path string) {
 	}
 	select {
 	case u.queue <- v:
-		u.pending[v] = path
+		u.pending[v] = job
 	default:
 	}
 }
@@ -78,10 +85,10 @@ func (m *mount) countUsage() {
 	u := m.usage
 	for v := range u.queue {
 		u.mu.Lock()
-		path := u.pending[v]
+		job := u.pending[v]
 		u.mu.Unlock()
 
-		n, err := m.dataBytes(path, v)
+		n, err := m.dataBytes(v, job)
 		u.mu.Lock()
 		delete(u.pending, v)
 		if err == nil {
@@ -93,7 +100,7 @@ func (m *mount) countUsage() {
 		node := u.nodes[v]
 		u.mu.Unlock()
 		if err != nil {
-			m.log.Debug("cannot count the data of an image", "image", path, "err", err)
+			m.log.Debug("cannot count the data of an image", "image", job.path, "err", err)
 			continue
 		}
 		if node != nil {
@@ -103,13 +110,13 @@ func (m *mount) countUsage() {
 	}
 }
 
-// dataBytes counts the data of one image version, sharing the open image
-// (and so its block status index) with readers.
-func (m *mount) dataBytes(path string, v diskID) (int64, error) {
-	oi, err := m.acquire(path, v)
+// dataBytes counts the data of a disk, sharing the open image (and so its
+// block status index) with readers.
+func (m *mount) dataBytes(d diskID, job usageJob) (int64, error) {
+	oi, err := m.acquire(job.path, d)
 	if err != nil {
 		return 0, err
 	}
-	defer m.release(v, oi)
-	return oi.img.DataBytes()
+	defer m.release(d, oi)
+	return oi.img.DataBytesIn(job.start, job.end)
 }

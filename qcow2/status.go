@@ -182,16 +182,22 @@ func (img *Image) NextHole(off int64) (int64, error) {
 // DataBytes returns how many bytes of the disk hold data (the complement
 // of the holes NextHole reports). It walks the whole index, so it reads
 // every allocated L2 table of the chain once.
-func (img *Image) DataBytes() (int64, error) {
+func (img *Image) DataBytes() (int64, error) { return img.DataBytesIn(0, img.top.size) }
+
+// DataBytesIn is DataBytes for the guest range [start, end).
+func (img *Image) DataBytesIn(start, end int64) (int64, error) {
 	var total int64
 	bits := img.index().chunkBits
-	for c := int64(0); c<<bits < img.top.size; c++ {
+	end = min(end, img.top.size)
+	for c := max(start, 0) >> bits; c<<bits < end; c++ {
 		runs, err := img.chunk(c)
 		if err != nil {
 			return 0, err
 		}
 		for _, r := range runs {
-			total += r.end - r.start
+			if a, b := max(r.start, start), min(r.end, end); a < b {
+				total += b - a
+			}
 		}
 	}
 	return total, nil

@@ -38,8 +38,9 @@ type mountCmd struct {
 	CPUProfile          string   `placeholder:"PATH" help:"Write a Go CPU profile of the daemon here, from mount to unmount."`
 	AllowBackingOutside []string `placeholder:"DIR" help:"Also follow backing and data files that resolve inside DIR (repeatable). By default they must lie inside the source folder."`
 	AllowCorrupt        bool     `help:"Serve images qemu marked corrupt (read-only, with a warning in the log)."`
+	NoPartitions        bool     `help:"Do not show the folders of guest partitions (STEM.raw.parts/p1, ...)."`
 	ForceShare          bool     `short:"U" help:"Serve images that another process (a running qemu) has open for writing, like qemu-img -U; their content may change under the reader."`
-	Options             []string `short:"o" sep:"," placeholder:"OPT" help:"Options in mount(8) style: ro, allow_other, l2_cache_size=SIZE, cache_size=SIZE, read_ahead=SIZE, read_path=splice|copy, force_share, allow_corrupt, allow_backing_outside=DIR, log_level=LEVEL, log_file=PATH, debug, foreground. Generic ones (rw, dev, suid, exec, auto, noauto, user, nofail, _netdev, x-*, ...) are accepted and ignored."`
+	Options             []string `short:"o" sep:"," placeholder:"OPT" help:"Options in mount(8) style: ro, allow_other, l2_cache_size=SIZE, cache_size=SIZE, read_ahead=SIZE, read_path=splice|copy, force_share, allow_corrupt, allow_backing_outside=DIR, no_partitions, log_level=LEVEL, log_file=PATH, debug, foreground. Generic ones (rw, dev, suid, exec, auto, noauto, user, nofail, _netdev, x-*, ...) are accepted and ignored."`
 	// Fake is mount(8)'s -f passed to a mount.qcowfs helper: check the
 	// options, mount nothing.
 	Fake bool `hidden:"" help:"Check the options but mount nothing (mount -f)."`
@@ -108,6 +109,8 @@ func (c *mountCmd) applyOptions() error {
 			c.ForceShare = true
 		case "allow_corrupt":
 			c.AllowCorrupt = true
+		case "no_partitions":
+			c.NoPartitions = true
 		case "allow_backing_outside":
 			if !hasVal || val == "" {
 				return fmt.Errorf("option %s: want a folder", o)
@@ -395,6 +398,7 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	}
 	cfg.ForceShare = c.ForceShare
 	cfg.Image.AllowCorrupt = c.AllowCorrupt
+	cfg.NoPartitions = c.NoPartitions
 	for _, d := range c.AllowBackingOutside {
 		abs, err := filepath.Abs(d)
 		if err != nil {

@@ -1,0 +1,285 @@
+package test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/qcowfs/qcowfs/test/qemu"
+)
+
+// sfdiskTable is what `sfdisk --json` says of a disk: the oracle for where
+// the partitions are.
+type sfdiskTable struct {
+	PartitionTable struct {
+		Label      string `json:"label"`
+		Partitions []struct {
+			Node  string `json:"node"`
+			Start int64  `json:"start"`
+			Size  int64  `json:"size"`
+			Type  string `json:"type"`
+		} `json:"partitions"`
+	} `json:"partitiontable"`
+}
+
+// sfdiskParts returns partition number -> [start, size) in bytes, numbered
+// from sfdisk's device names (disk1, disk5, ...), skipping extended
+// containers.
+func sfdiskParts(t *testing.T, disk string) map[int][2]int64 {
+	t.Helper()
+	var st sfdiskTable
+	if err := json.Unmarshal(qemu.Run(t, "sfdisk", "--json", disk), &st); err != nil {
+		t.Fatal(err)
+	}
+	out := map[int][2]int64{}
+	for _, p := range st.PartitionTable.Partitions {
+		var n int
+		fmt.Sscanf(p.Node[len(disk):], "%d", &n)
+		if p.Type == "5" || p.Type == "f" || p.Type == "85" {
+			continue // extended containers get no file
+		}
+		out[n] = [2]int64{p.Start * 512, p.Size * 512}
+	}
+	return out
+}
+
+// makeMBRDisk makes a raw MBR disk: a FAT primary partition, an extended
+// partition holding two logical partitions (ext4 made from tree, and
+// another FAT).
+func makeMBRDisk(t *testing.T, work, tree string) string {
+	t.Helper()
+	disk := filepath.Join(work, "mbr.img")
+	qemu.Run(t, "truncate", "-s", "96M", disk)
+	sfdisk := exec.Command("sfdisk", "-q", disk)
+	// After an extended partition that fills the disk, sfdisk makes the
+	// following lines logical partitions (5, 6).
+	sfdisk.Stdin = strings.NewReader("label: dos\n,16MiB,c\n,,E\n,48MiB,L\n,20MiB,c\n")
+	if out, err := sfdisk.CombinedOutput(); err != nil {
+		t.Fatalf("sfdisk: %v %s", err, out)
+	}
+	parts := sfdiskParts(t, disk)
+	fill := func(n int, mkfs ...string) {
+		img := filepath.Join(work, fmt.Sprintf("p%d.img", n))
+		qemu.Run(t, "truncate", "-s", fmt.Sprint(parts[n][1]), img)
+		qemu.Run(t, mkfs[0], append(mkfs[1:], img)...)
+		qemu.Run(t, "dd", "if="+img, "of="+disk, "bs=1M", "oflag=seek_bytes", fmt.Sprintf("seek=%d", parts[n][0]), "conv=notrunc", "status=none")
+	}
+	fill(1, "mkfs.vfat", "-n", "ONE")
+	fill(5, "mkfs.ext4", "-q", "-F", "-d", tree)
+	fill(6, "mkfs.vfat", "-n", "SIX")
+	return disk
+}
+
+// partRuns walks a partition file with SEEK_DATA/SEEK_HOLE.
+func partRuns(t *testing.T, path string) [][2]int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, _ := f.Stat()
+	return seekRuns(t, f, st.Size())
+}
+
+// clipRuns shifts the disk's data runs into a partition's frame.
+func clipRuns(runs [][2]int64, start, size int64) [][2]int64 {
+	var out [][2]int64
+	for _, r := range runs {
+		a, b := max(r[0], start), min(r[1], start+size)
+		if a < b {
+			out = append(out, [2]int64{a - start, b - start})
+		}
+	}
+	return out
+}
+
+// TestPartitionFiles: GPT and MBR (with logical partitions) guest disks,
+// as qcow2 and compressed qcow2, show STEM.raw.parts/pN files that are
+// exactly the partitions sfdisk sees in qemu-img convert's output, with
+// the disk's holes and st_blocks; the ext4 partition mounts with mount -o
+// loop,ro and every file's sha256 matches; debugfs reads it as an
+// unprivileged user; --no-partitions hides the folders.
+func TestPartitionFiles(t *testing.T) {
+	requireFUSE(t)
+	qemu.Require(t, "sfdisk", "mkfs.ext4", "mkfs.vfat", "debugfs", "setpriv", "mount")
+	work := qemu.TempDir(t)
+	tree := filepath.Join(work, "tree")
+	want := writeGuestTree(t, tree)
+	gpt := makeGuestDisk(t, work, tree)
+	mbr := makeMBRDisk(t, work, tree)
+
+	src := qemu.TempDir(t)
+	disks := map[string]string{}
+	for _, d := range []struct{ name, raw string }{{"gpt", gpt}, {"mbr", mbr}} {
+		for _, v := range []struct {
+			suffix string
+			opts   []string
+		}{{"", nil}, {"-compressed", []string{"-c"}}} {
+			name := d.name + v.suffix
+			p := filepath.Join(src, name+".qcow2")
+			qemu.Img(t, append(append([]string{"convert", "-q", "-f", "raw", "-O", "qcow2"}, v.opts...), d.raw, p)...)
+			disks[name] = d.raw
+		}
+	}
+	m := mountImages(t, src, "--allow-other")
+	// nobody must be able to reach the mount point (t.TempDir makes its
+	// folders 0700).
+	for d := filepath.Dir(m.Dir); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+	for name, raw := range disks {
+		t.Run(name, func(t *testing.T) {
+			parts := sfdiskParts(t, raw)
+			dir := filepath.Join(m.Dir, name+".raw.parts")
+			var wantNames []string
+			for n := range parts {
+				wantNames = append(wantNames, fmt.Sprintf("p%d", n))
+			}
+			slices.Sort(wantNames)
+			if got := names(t, dir); !slices.Equal(got, wantNames) {
+				t.Fatalf("%s lists %q, sfdisk sees %q", dir, got, wantNames)
+			}
+			qraw, err := os.ReadFile(qemu.ToRaw(t, filepath.Join(src, name+".qcow2"), filepath.Join(t.TempDir(), "disk.raw")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			diskFile, _ := os.Open(filepath.Join(m.Dir, name+".raw"))
+			defer diskFile.Close()
+			diskRuns := seekRuns(t, diskFile, int64(len(qraw)))
+			for n, r := range parts {
+				p := filepath.Join(dir, fmt.Sprintf("p%d", n))
+				got, err := os.ReadFile(p)
+				if err != nil || !bytes.Equal(got, qraw[r[0]:r[0]+r[1]]) {
+					t.Errorf("p%d: %v, or its bytes differ from the disk's range [%d, +%d)", n, err, r[0], r[1])
+				}
+				if runs := partRuns(t, p); !slices.Equal(runs, clipRuns(diskRuns, r[0], r[1])) {
+					t.Errorf("p%d: holes %v differ from the disk's in that range %v", n, runs, clipRuns(diskRuns, r[0], r[1]))
+				}
+				var data int64
+				for _, x := range clipRuns(diskRuns, r[0], r[1]) {
+					data += x[1] - x[0]
+				}
+				waitFor(t, fmt.Sprintf("st_blocks of p%d", n), 10*time.Second, func() bool {
+					var st syscall.Stat_t
+					syscall.Stat(p, &st)
+					return st.Blocks == (data+511)/512
+				})
+			}
+			// The ext4 partition through a loop device, and through
+			// debugfs run by nobody.
+			ext4 := filepath.Join(dir, "p1")
+			if strings.HasPrefix(name, "mbr") {
+				ext4 = filepath.Join(dir, "p5")
+			}
+			guest := t.TempDir()
+			qemu.Run(t, "mount", "-t", "ext4", "-o", "loop,ro,noload", ext4, guest)
+			t.Cleanup(func() {
+				if out, err := exec.Command("umount", guest).CombinedOutput(); err != nil {
+					t.Errorf("umount: %v %s", err, out)
+					exec.Command("umount", "-l", guest).Run()
+				}
+			})
+			compareTrees(t, readGuestTree(t, guest), want)
+			for path, e := range want {
+				if e.sum == "" {
+					continue
+				}
+				cmd := exec.Command("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+					"debugfs", "-R", "cat /"+path, ext4)
+				var stderr bytes.Buffer
+				cmd.Stderr = &stderr
+				out, err := cmd.Output()
+				sum := sha256.Sum256(out)
+				if err != nil || hex.EncodeToString(sum[:]) != e.sum {
+					t.Errorf("debugfs as nobody, cat /%s: %v, sha256 %x, want %s\n%s", path, err, sum, e.sum, stderr.String())
+				}
+				break // one file is enough to show unprivileged access
+			}
+		})
+	}
+
+	off := mountImages(t, src, "--no-partitions")
+	for _, n := range names(t, off.Dir) {
+		if strings.HasSuffix(n, ".parts") {
+			t.Errorf("--no-partitions still shows %s", n)
+		}
+	}
+}
+
+// TestPartitionDamage: a GPT whose primary header is damaged is read from
+// its backup (with a warning); an MBR partition running past the end of
+// the disk is refused with a log line while the others and the whole disk
+// are still served.
+func TestPartitionDamage(t *testing.T) {
+	requireFUSE(t)
+	qemu.Require(t, "sfdisk")
+	work := qemu.TempDir(t)
+	src := qemu.TempDir(t)
+
+	gpt := filepath.Join(work, "gpt.img")
+	qemu.Run(t, "truncate", "-s", "16M", gpt)
+	sfdisk := exec.Command("sfdisk", "-q", gpt)
+	sfdisk.Stdin = strings.NewReader("label: gpt\nsize=4MiB\nsize=4MiB\n")
+	if out, err := sfdisk.CombinedOutput(); err != nil {
+		t.Fatalf("sfdisk: %v %s", err, out)
+	}
+	want := sfdiskParts(t, gpt)
+	writeAt(t, gpt, 512, bytes.Repeat([]byte{0xee}, 92)) // the primary GPT header
+	qemu.Img(t, "convert", "-q", "-f", "raw", "-O", "qcow2", gpt, filepath.Join(src, "gpt.qcow2"))
+
+	mbr := filepath.Join(work, "mbr.img")
+	qemu.Run(t, "truncate", "-s", "16M", mbr)
+	sfdisk = exec.Command("sfdisk", "-q", mbr)
+	sfdisk.Stdin = strings.NewReader("label: dos\nsize=4MiB, type=83\nsize=4MiB, type=83\n")
+	if out, err := sfdisk.CombinedOutput(); err != nil {
+		t.Fatalf("sfdisk: %v %s", err, out)
+	}
+	// Partition 2's size field (entry 2 at 446+16, size at +12): 1 GiB.
+	binary32 := []byte{0, 0, 0x20, 0}
+	writeAt(t, mbr, 446+16+12, binary32)
+	qemu.Img(t, "convert", "-q", "-f", "raw", "-O", "qcow2", mbr, filepath.Join(src, "mbr.qcow2"))
+
+	m := mountImages(t, src)
+	if got := names(t, filepath.Join(m.Dir, "gpt.raw.parts")); !slices.Equal(got, []string{"p1", "p2"}) {
+		t.Errorf("damaged primary GPT: lists %q, want p1 and p2 from the backup", got)
+	}
+	for n, r := range want {
+		st, err := os.Stat(filepath.Join(m.Dir, "gpt.raw.parts", fmt.Sprintf("p%d", n)))
+		if err != nil || st.Size() != r[1] {
+			t.Errorf("gpt p%d: %v, size %v; sfdisk made it %d bytes", n, err, st, r[1])
+		}
+	}
+	if got := names(t, filepath.Join(m.Dir, "mbr.raw.parts")); !slices.Equal(got, []string{"p1"}) {
+		t.Errorf("MBR with p2 past the end of the disk: lists %q, want only p1", got)
+	}
+	log := m.logText(t)
+	if countLines(log, "gpt.qcow2") != 1 || countLines(log, "mbr.qcow2") != 1 {
+		t.Errorf("want one log line per damaged table:\n%s", log)
+	}
+	if _, err := os.Stat(filepath.Join(m.Dir, "mbr.raw")); err != nil {
+		t.Errorf("the whole disk is not served: %v", err)
+	}
+	// Holes past a partition's end are not the partition's: SEEK_DATA
+	// past its end is ENXIO.
+	f, err := os.Open(filepath.Join(m.Dir, "mbr.raw.parts", "p1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := unix.Seek(int(f.Fd()), 4<<20, unix.SEEK_DATA); !errors.Is(err, unix.ENXIO) {
+		t.Errorf("SEEK_DATA at the end of p1: %v, want ENXIO", err)
+	}
+}
