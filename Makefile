@@ -7,17 +7,22 @@ VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 BIN     := bin/qcowfs
 # Packages the tests and the demo need (Debian names).
-TEST_PKGS := fuse3 qemu-utils fdisk e2fsprogs dosfstools util-linux
+TEST_PKGS := fuse3 qemu-utils fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc
 
-.PHONY: all build test demo lint install uninstall deps clean
+.PHONY: all build test demo lint install uninstall deps deps-build clean
 
 all: build
 
-build:
+build: deps-build
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/qcowfs
 
 deps:
 	@scripts/deps.sh $(TEST_PKGS)
+
+# Building needs libdeflate's header (cgo); CGO_ENABLED=0 builds a pure-Go
+# binary with a slower inflate instead.
+deps-build:
+	@[ "$$CGO_ENABLED" = 0 ] || scripts/deps.sh libdeflate-dev gcc
 
 test: deps lint
 	$(GO) test -count=1 -timeout 30m ./...
@@ -38,3 +43,22 @@ uninstall:
 
 clean:
 	rm -rf bin
+
+# Benchmarks (test/bench): qcowfs side by side with qemu's FUSE export and
+# qcowmount, results in docs/benchmarks.md. Images are built once and kept in
+# .work/bench (QCOWFS_BENCH_WORK=folder to move them); as root, missing
+# packages are installed first. BENCH_FLAGS passes more flags, e.g.
+# BENCH_FLAGS="--only dd-,fio-" or "--runs 7"; see go run ./test/bench -h.
+BENCH_PKGS  := $(TEST_PKGS) qemu-system-common libqcow-utils fio
+BENCH_FLAGS ?=
+
+.PHONY: bench bench-quick bench-deps
+
+bench-deps:
+	@scripts/deps.sh $(BENCH_PKGS)
+
+bench: bench-deps build        # the full suite, about 20 minutes
+	$(GO) run ./test/bench --build=false --bin $(BIN) $(BENCH_FLAGS)
+
+bench-quick: bench-deps build  # a subset in under 3 minutes
+	$(GO) run ./test/bench --quick --build=false --bin $(BIN) $(BENCH_FLAGS)

@@ -1,0 +1,151 @@
+// Command bench is qcowfs's whole-system benchmark: it measures bin/qcowfs
+// side by side with qemu's own FUSE export (qemu-storage-daemon --export
+// type=fuse, default and with a tuned malloc), libqcow's qcowmount and the
+// baselines without FUSE (the raw file itself, qemu-img convert), in one
+// run, and writes a markdown report.
+//
+//	go run ./test/bench            # the full suite (make bench)
+//	go run ./test/bench --quick    # a subset in under 3 minutes (make bench-quick)
+//
+// It needs root (FUSE mounts, loop devices, dropping caches). Images are
+// built once under the work folder (--work, or $QCOWFS_BENCH_WORK) and
+// reused. Every mount, loop device, tmpfs and daemon it starts is torn down
+// when it ends, also on failure and on Ctrl-C; every command has a timeout,
+// and a FUSE daemon that hangs has its connection aborted.
+//
+// One file per concept: the images (images.go), the contestants and their
+// mounts (contestants.go), the workloads (workloads.go), the plan of what a
+// full and a quick run measure (plan.go), running commands with timeouts
+// (sys.go), mounts and caches (mounts.go), statistics and the report
+// (report.go), the machine description (machine.go).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// config is what the command line sets.
+type config struct {
+	quick      bool
+	runs       int
+	work       string        // images, mounts, logs, outputs
+	bin        string        // the qcowfs binary
+	build      bool          // run `make build` first
+	report     string        // markdown report; raw numbers go next to it as .json
+	timeout    time.Duration // per command
+	fioTime    time.Duration
+	only       []string // workload ids (prefixes) to run; empty: all of the plan
+	imagesOnly bool     // build the images and stop
+}
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	repo, err := repoRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
+	var cfg config
+	var only string
+	defaultWork := os.Getenv("QCOWFS_BENCH_WORK")
+	if defaultWork == "" {
+		defaultWork = filepath.Join(repo, ".work", "bench")
+	}
+	flag.BoolVar(&cfg.quick, "quick", false, "run the quick subset (3 runs, fewer workloads)")
+	flag.IntVar(&cfg.runs, "runs", 0, "runs per contestant (default 5, quick 3)")
+	flag.StringVar(&cfg.work, "work", defaultWork, "work folder: cached images, mounts, outputs, logs ($QCOWFS_BENCH_WORK)")
+	flag.StringVar(&cfg.bin, "bin", filepath.Join(repo, "bin", "qcowfs"), "the qcowfs binary to measure")
+	flag.BoolVar(&cfg.build, "build", true, "run `make build` in the repository first")
+	flag.StringVar(&cfg.report, "report", "", "markdown report to write (default docs/benchmarks.md; quick: WORK/quick/benchmarks.md)")
+	flag.DurationVar(&cfg.timeout, "timeout", 5*time.Minute, "timeout of any one command")
+	flag.DurationVar(&cfg.fioTime, "fio-time", 0, "fio run time (default 4s, quick 3s)")
+	flag.BoolVar(&cfg.imagesOnly, "images-only", false, "build the images the plan needs, then stop")
+	flag.StringVar(&only, "only", "", "comma-separated workload ids (or prefixes) to run, e.g. dd-plain,cp-")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "bench: unexpected arguments %q\n", flag.Args())
+		return 2
+	}
+	if cfg.runs == 0 {
+		cfg.runs = 5
+		if cfg.quick {
+			cfg.runs = 3
+		}
+	}
+	if cfg.fioTime == 0 {
+		cfg.fioTime = 4 * time.Second
+		if cfg.quick {
+			cfg.fioTime = 3 * time.Second
+		}
+	}
+	if only != "" {
+		cfg.only = strings.Split(only, ",")
+	}
+	if cfg.work, err = filepath.Abs(cfg.work); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
+	if cfg.bin, err = filepath.Abs(cfg.bin); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
+	if cfg.report == "" {
+		cfg.report = filepath.Join(repo, "docs", "benchmarks.md")
+		if cfg.quick {
+			cfg.report = filepath.Join(cfg.work, "quick", "benchmarks.md")
+		}
+	}
+
+	// SIGINT, SIGTERM and SIGHUP cancel ctx: the command running is
+	// killed and everything set up so far is torn down on the way out.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	go func() {
+		for s := range sigc {
+			fmt.Fprintf(os.Stderr, "\nbench: %v: cleaning up (mounts, loop devices, daemons)...\n", s)
+			cancel()
+		}
+	}()
+
+	b, err := newBench(ctx, cfg, repo)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
+	defer b.close()
+	if err := b.main(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
+	return 0
+}
+
+// repoRoot finds the repository: the folder with go.mod above the current
+// one (make and go run both start in the repository).
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d, nil
+		}
+		if filepath.Dir(d) == d {
+			return "", fmt.Errorf("no go.mod above %s: run from the qcowfs repository", dir)
+		}
+	}
+}

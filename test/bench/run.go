@@ -1,0 +1,267 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os/exec"
+	"time"
+)
+
+// A wlResult is what one workload measured.
+type wlResult struct {
+	w       *workload
+	samples map[string]map[string][]sample // metric id -> contestant id -> runs
+	// status says why a contestant has no (or not all) numbers: "n/a:
+	// ...", "failed: ...", "timed out ...". Empty: it ran every run.
+	status  map[string]string
+	notes   map[string][]string
+	rss     map[string]int64 // contestant id -> daemon's peak RSS
+	elapsed time.Duration
+	load    float64 // 1-minute load average when it started
+	records []record
+}
+
+// A record is one measurement as written to the JSON file.
+type record struct {
+	Workload   string  `json:"workload"`
+	Metric     string  `json:"metric"`
+	Contestant string  `json:"contestant"`
+	Run        int     `json:"run"`
+	Seconds    float64 `json:"seconds"`
+	Bytes      int64   `json:"bytes,omitempty"`
+	Value      float64 `json:"value"`
+	Unit       string  `json:"unit"`
+	Status     string  `json:"status"` // ok, timeout, failed
+	Error      string  `json:"error,omitempty"`
+	// CachedBefore is the part of the file in the page cache before a
+	// warm read (fincore), 0 to 1.
+	CachedBefore *float64 `json:"cached_before,omitempty"`
+}
+
+func (r *wlResult) fail(id, status string) {
+	if r.status[id] == "" {
+		r.status[id] = status
+	}
+}
+
+// runWorkload exposes w's image through every contestant, then runs them
+// interleaved: run 1 of each, then run 2 of each, and so on. A contestant
+// that fails or times out is not run again in this workload; the others go
+// on. Everything is torn down before it returns.
+func (b *bench) runWorkload(w *workload) *wlResult {
+	res := &wlResult{w: w, samples: map[string]map[string][]sample{}, status: map[string]string{},
+		notes: map[string][]string{}, rss: map[string]int64{}}
+	for _, m := range w.metrics {
+		res.samples[m.id] = map[string][]sample{}
+	}
+	start := time.Now()
+	res.load = load1()
+	defer func() { res.elapsed = time.Since(start) }()
+	b.say("== %s: %s (%d runs)", w.id, w.title, b.cfg.runs)
+
+	if w.tmpfs || w.outTmpfs {
+		if err := b.ensureTmpfs(w); err != nil {
+			for _, id := range w.who {
+				res.fail(id, "failed: tmpfs: "+err.Error())
+			}
+			return res
+		}
+	}
+	im := imageByName(w.image)
+	exps := map[string]*exposure{}
+	defer func() {
+		// Peak RSS first, while the daemons still run; then tear down,
+		// last exposed first.
+		for id, e := range exps {
+			if n := e.peak(); n > 0 {
+				res.rss[id] = n
+			}
+		}
+		for i := len(w.who) - 1; i >= 0; i-- {
+			if e := exps[w.who[i]]; e != nil {
+				for j := len(e.undos) - 1; j >= 0; j-- {
+					b.undo(e.undos[j])
+				}
+			}
+		}
+	}()
+	for _, id := range w.who {
+		c := contestantByID(id)
+		if b.ctx.Err() != nil {
+			return res
+		}
+		if prev := b.timedOutIn(w.skipIfTimedOut, id); prev != "" {
+			res.fail(id, "not run: "+prev)
+			continue
+		}
+		if !b.haveTool(c) {
+			res.fail(id, fmt.Sprintf("n/a: %s is not installed (package %s)", c.tool, c.pkg))
+			continue
+		}
+		if c.expose == nil {
+			continue
+		}
+		e, err := c.expose(b, im, b.imageRoot(w))
+		if err != nil {
+			if why, ok := w.na[id]; ok {
+				fmt.Fprintf(b.log, "%s: %v\n", id, err)
+				res.fail(id, "n/a: "+why)
+			} else {
+				res.fail(id, "failed: "+err.Error())
+			}
+			continue
+		}
+		e.c = c
+		exps[id] = e
+		if err := b.checkExposed(e, mustSize(b, im)); err != nil {
+			res.fail(id, "failed: "+err.Error())
+			continue
+		}
+		if w.prepare != nil {
+			if err := w.prepare(b, w, e); err != nil {
+				res.fail(id, "failed: "+err.Error())
+				continue
+			}
+		}
+	}
+
+	for run := 1; run <= b.cfg.runs; run++ {
+		for _, id := range w.who {
+			if res.status[id] != "" {
+				continue
+			}
+			if b.ctx.Err() != nil {
+				return res
+			}
+			c := contestantByID(id)
+			samples, err := w.measure(b, w, c, exps[id], run)
+			if b.ctx.Err() != nil {
+				return res
+			}
+			// Every sample but a failed last one is a measurement.
+			for i, s := range samples {
+				res.add(w, id, run, s, err != nil && i == len(samples)-1, err)
+			}
+			switch {
+			case errors.Is(err, errTimedOut):
+				// Slow or hung: either way, tear it down without
+				// asking it anything (a hung daemon blocks even a
+				// stat of its mount point).
+				if e := exps[id]; e != nil {
+					e.hung = true
+				}
+				res.fail(id, fmt.Sprintf("timed out (> %v) in run %d; not run again", b.timeoutOf(w).Round(time.Second), run))
+			case err != nil:
+				res.fail(id, fmt.Sprintf("failed in run %d: %v", run, err))
+			}
+			if err != nil {
+				fmt.Printf("   %-20s run %d: %v\n", c.label, run, err)
+			} else {
+				fmt.Printf("   %-20s run %d: %s\n", c.label, run, describeSamples(w, samples))
+			}
+		}
+	}
+	return res
+}
+
+// add records a sample: in the table when it is a complete measurement
+// (or a timeout: a lower bound), and in the JSON records in any case. err,
+// when failed, is why this sample is not a measurement.
+func (r *wlResult) add(w *workload, id string, run int, s sample, failed bool, err error) {
+	var u unit
+	for _, m := range w.metrics {
+		if m.id == s.metric {
+			u = m.unit
+		}
+	}
+	rec := record{Workload: w.id, Metric: s.metric, Contestant: id, Run: run, Seconds: s.seconds,
+		Bytes: s.bytes, Unit: u.String(), Status: "ok"}
+	switch {
+	case s.timedOut:
+		rec.Status = "timeout"
+	case failed:
+		rec.Status = "failed"
+	}
+	if failed && err != nil {
+		rec.Error = err.Error()
+	}
+	if rec.Status == "ok" {
+		rec.Value = s.value(u)
+	}
+	if s.hasCached {
+		c := s.cached
+		rec.CachedBefore = &c
+	}
+	r.records = append(r.records, rec)
+	if _, ok := r.samples[s.metric]; !ok {
+		return // not a tabled metric
+	}
+	if rec.Status != "failed" {
+		r.samples[s.metric][id] = append(r.samples[s.metric][id], s)
+	}
+	if s.note != "" && rec.Status == "ok" {
+		r.notes[id] = append(r.notes[id], s.note)
+	}
+}
+
+func lastMetric(w *workload) string { return w.metrics[len(w.metrics)-1].id }
+
+func describeSamples(w *workload, ss []sample) string {
+	out := ""
+	for _, s := range ss {
+		for _, m := range w.metrics {
+			if m.id != s.metric {
+				continue
+			}
+			if out != "" {
+				out += ", "
+			}
+			switch m.unit {
+			case mbps:
+				out += fmt.Sprintf("%s %.0f MB/s (%.2f s)", m.id, s.value(mbps), s.seconds)
+			case iops:
+				out += fmt.Sprintf("%.0f IOPS", s.ops)
+			default:
+				out += fmt.Sprintf("%.2f s", s.seconds)
+			}
+			if s.note != "" {
+				out += "; " + s.note
+			}
+		}
+	}
+	return out
+}
+
+// timedOutIn says whether contestant id timed out in the workload named
+// wid earlier in this run.
+func (b *bench) timedOutIn(wid, id string) string {
+	if wid == "" {
+		return ""
+	}
+	for _, r := range b.results {
+		if r.w.id == wid {
+			for _, s := range r.samples[lastMetric(r.w)][id] {
+				if s.timedOut {
+					return fmt.Sprintf("timed out (> %v) in %s", b.timeoutOf(r.w).Round(time.Second), wid)
+				}
+			}
+		}
+	}
+	return ""
+}
+
+func (b *bench) haveTool(c *contestant) bool {
+	if c.id == "qcowfs" {
+		return true
+	}
+	_, err := exec.LookPath(c.tool)
+	return err == nil
+}
+
+func mustSize(b *bench, im *image) int64 {
+	n, err := b.size(im)
+	if err != nil {
+		return -1
+	}
+	return n
+}

@@ -1,0 +1,215 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// errInterrupted is what a command returns when the bench was interrupted
+// (Ctrl-C, SIGTERM) while it ran.
+var errInterrupted = errors.New("interrupted")
+
+// A cmd is one command to run: its own process group, so that a timeout or
+// an interrupt kills it and everything it started (a shell pipeline), and
+// nothing it starts receives the terminal's Ctrl-C before the bench has had
+// a chance to unmount.
+type cmd struct {
+	name    string
+	args    []string
+	dir     string
+	env     []string      // added to the environment
+	stdin   io.Reader     // nil: /dev/null
+	timeout time.Duration // 0: the bench's default
+	// stuck is called when the command does not die within a few
+	// seconds of being killed: a process blocked in the kernel on a hung
+	// FUSE daemon (directly, or through a loop device) only wakes up when
+	// the FUSE connection is aborted.
+	stuck func()
+	// cleanup marks a teardown command: it runs to completion (or its
+	// timeout) even after the bench was interrupted.
+	cleanup bool
+}
+
+func command(name string, args ...string) *cmd { return &cmd{name: name, args: args} }
+
+func (c *cmd) String() string {
+	s := shellQuote(append([]string{c.name}, c.args...))
+	if len(c.env) > 0 {
+		s = strings.Join(c.env, " ") + " " + s
+	}
+	return s
+}
+
+// A result is how a command went.
+type result struct {
+	elapsed        time.Duration // from start to exit
+	stdout, stderr string
+	err            error // nil, or why it failed (exit status with stderr, timeout, ...)
+	timedOut       bool
+}
+
+// ok reports whether the command ran and exited 0.
+func (r result) ok() bool { return r.err == nil }
+
+// run runs c, bounded by its timeout and by the bench's context.
+func (b *bench) run(c *cmd) result {
+	timeout := c.timeout
+	if timeout == 0 {
+		timeout = b.cfg.timeout
+	}
+	ec := exec.Command(c.name, c.args...)
+	ec.Dir = c.dir
+	if len(c.env) > 0 {
+		ec.Env = append(os.Environ(), c.env...)
+	}
+	ec.Stdin = c.stdin
+	var stdout, stderr capBuffer
+	stdout.max, stderr.max = 1<<20, 64<<10
+	ec.Stdout, ec.Stderr = &stdout, &stderr
+	ec.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Once the process has exited, do not wait long for anything it left
+	// holding its output pipes.
+	ec.WaitDelay = 5 * time.Second
+	fmt.Fprintf(b.log, "%s $ %s\n", time.Now().Format("15:04:05.000"), c)
+
+	start := time.Now()
+	if err := ec.Start(); err != nil {
+		return result{err: err}
+	}
+	done := make(chan error, 1)
+	go func() { done <- ec.Wait() }()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+
+	interrupt := b.ctx.Done()
+	if c.cleanup {
+		interrupt = nil
+	}
+	var res result
+	var werr error
+	select {
+	case werr = <-done:
+		res.elapsed = time.Since(start)
+	case <-timer.C:
+		res.elapsed = time.Since(start)
+		res.timedOut = true
+		werr = b.kill(ec, done, c.stuck)
+	case <-interrupt:
+		res.elapsed = time.Since(start)
+		werr = b.kill(ec, done, c.stuck)
+	}
+	res.stdout, res.stderr = stdout.String(), stderr.String()
+	switch {
+	case res.timedOut:
+		res.err = fmt.Errorf("timed out after %v", timeout.Round(time.Second))
+		if werr != nil && errors.Is(werr, errStuck) {
+			res.err = fmt.Errorf("%w; %v", res.err, werr)
+		}
+	case !c.cleanup && b.ctx.Err() != nil && werr != nil:
+		res.err = errInterrupted
+	case werr != nil:
+		msg := lastLines(res.stderr, 3)
+		if msg == "" {
+			msg = lastLines(res.stdout, 3)
+		}
+		if msg != "" {
+			res.err = fmt.Errorf("%s: %v: %s", c.name, werr, msg)
+		} else {
+			res.err = fmt.Errorf("%s: %v", c.name, werr)
+		}
+	}
+	if res.err != nil {
+		fmt.Fprintf(b.log, "    -> %v\n", res.err)
+	}
+	return res
+}
+
+var errStuck = errors.New("process did not die after SIGKILL (blocked in the kernel)")
+
+// kill kills the command's process group and waits for it to go; if it
+// does not go, stuck (when set) gets a chance to unblock it.
+func (b *bench) kill(ec *exec.Cmd, done chan error, stuck func()) error {
+	syscall.Kill(-ec.Process.Pid, syscall.SIGKILL)
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(5 * time.Second):
+	}
+	if stuck != nil {
+		stuck()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(15 * time.Second):
+		}
+	}
+	return errStuck
+}
+
+// must runs c and returns its stdout, or an error naming the command.
+func (b *bench) must(c *cmd) (string, error) {
+	r := b.run(c)
+	if r.err != nil {
+		return r.stdout, fmt.Errorf("%s: %w", c, r.err)
+	}
+	return r.stdout, nil
+}
+
+// capBuffer keeps the first max bytes written to it and drops the rest.
+type capBuffer struct {
+	bytes.Buffer
+	max int
+}
+
+func (c *capBuffer) Write(p []byte) (int, error) {
+	if room := c.max - c.Len(); room > 0 {
+		c.Buffer.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// shellQuote renders argv as a shell command line a reader can paste.
+func shellQuote(argv []string) string {
+	out := make([]string, len(argv))
+	for i, a := range argv {
+		if a != "" && strings.IndexFunc(a, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./=:,+@%", r))
+		}) < 0 {
+			out[i] = a
+		} else {
+			out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+// waitUntil polls cond every 20 ms until it holds, d passes or the bench is
+// interrupted.
+func (b *bench) waitUntil(ctx context.Context, d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
