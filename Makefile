@@ -49,7 +49,7 @@ clean:
 # .work/bench (QCOWFS_BENCH_WORK=folder to move them); as root, missing
 # packages are installed first. BENCH_FLAGS passes more flags, e.g.
 # BENCH_FLAGS="--only dd-,fio-" or "--runs 7"; see go run ./test/bench -h.
-BENCH_PKGS  := $(TEST_PKGS) qemu-system-common libqcow-utils fio
+BENCH_PKGS  := $(TEST_PKGS) qemu-system-common libqcow-utils fio strace time
 BENCH_FLAGS ?=
 
 .PHONY: bench bench-quick bench-deps
@@ -57,7 +57,7 @@ BENCH_FLAGS ?=
 bench-deps:
 	@scripts/deps.sh $(BENCH_PKGS)
 
-bench: bench-deps build        # the full suite, about 20 minutes
+bench: bench-deps build        # the full suite, 20 to 25 minutes (docs/benchmarks.md)
 	$(GO) run ./test/bench --build=false --bin $(BIN) $(BENCH_FLAGS)
 
 bench-quick: bench-deps build  # a subset in under 3 minutes

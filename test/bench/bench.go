@@ -42,10 +42,16 @@ type bench struct {
 	loadBefore     string  // /proc/loadavg when the measurements start
 	loadBefore1    float64 // its 1-minute average
 	results        []*wlResult
+	// compressed caches the compressed cluster count per image name
+	// (syscalls.go).
+	compressed map[string]int64
+	// verified names, per "contestant image", the workload where a copy
+	// of that contestant was found equal to the raw twin (measureCopy).
+	verified map[string]string
 }
 
 func newBench(ctx context.Context, cfg config, repo string) (*bench, error) {
-	b := &bench{ctx: ctx, cfg: cfg, repo: repo, start: time.Now()}
+	b := &bench{ctx: ctx, cfg: cfg, repo: repo, start: time.Now(), compressed: map[string]int64{}, verified: map[string]string{}}
 	if err := os.MkdirAll(filepath.Join(cfg.work, "logs"), 0o755); err != nil {
 		return nil, err
 	}
@@ -196,11 +202,17 @@ var coreTools = []tool{
 	{"qemu-img", "qemu-utils"}, {"qemu-io", "qemu-utils"}, {"fio", "fio"},
 	{"losetup", "util-linux"}, {"partx", "util-linux"}, {"fincore", "util-linux"}, {"mount", "mount"}, {"umount", "mount"},
 	{"sfdisk", "fdisk"}, {"mkfs.ext4", "e2fsprogs"}, {"fusermount3", "fuse3"},
+	{"time", "time"}, // GNU time: the check workload's peak RSS (check.go)
 }
+
+// straceTool counts the daemons' system calls (syscalls.go); without it
+// the counts are "n/a" and everything else runs.
+var straceTool = tool{"strace", "strace"}
 
 // preflight checks root, FUSE and every tool, installing missing Debian
 // packages with scripts/deps.sh (as root); tools of one contestant only
-// (qemu-storage-daemon, qcowmount) make that contestant "n/a" instead.
+// (qemu-storage-daemon, qcowmount) make that contestant "n/a" instead, and
+// a missing strace the syscall counts.
 func (b *bench) preflight() error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root: FUSE mounts, loop devices, mount, dropping caches")
@@ -208,7 +220,7 @@ func (b *bench) preflight() error {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		return fmt.Errorf("needs /dev/fuse: %w", err)
 	}
-	all := slices.Clone(coreTools)
+	all := append(slices.Clone(coreTools), straceTool)
 	for _, c := range contestants {
 		if c.pkg != "" {
 			all = append(all, tool{c.tool, c.pkg})
@@ -242,6 +254,10 @@ func (b *bench) preflight() error {
 		return fmt.Errorf("missing tools: %s; install them (scripts/deps.sh %s)", strings.Join(coreMissing, ", "), strings.Join(pkgs, " "))
 	}
 	for _, t := range tools {
+		if t == straceTool.name {
+			b.warn("strace is missing: the syscall counts are n/a")
+			continue
+		}
 		b.warn("%s is missing: its contestant is n/a in every table", t)
 	}
 	if err := dropCaches(); err != nil {
@@ -301,6 +317,16 @@ func (b *bench) cleanStale() {
 	if !b.tmpfsUp && isMounted(b.tmpfsDir()) {
 		b.warn("unmounting a tmpfs left behind: %s", b.tmpfsDir())
 		b.forceUnmount(b.tmpfsDir())
+	}
+	// Their mount points go too: mountDir numbers new ones from 001 in
+	// every run, and would find the old names taken. Only empty, unmounted
+	// folders and files: nothing a mount point does not leave.
+	ents, _ := os.ReadDir(filepath.Join(b.cfg.work, "mnt"))
+	for _, e := range ents {
+		p := filepath.Join(b.cfg.work, "mnt", e.Name())
+		if st, err := os.Stat(p); err == nil && !isMounted(p) && (st.Mode().IsRegular() && st.Size() == 0 || st.IsDir()) {
+			os.Remove(p) // fails, harmlessly, for a folder that is not empty
+		}
 	}
 	// Daemons whose mounts went away exit by themselves; give them a
 	// moment, then stop the ones still serving a folder under work.

@@ -86,6 +86,18 @@ var contestants = []*contestant{
 		how:  "qemu-img convert -O raw IMG OUT",
 		note: "Copy workloads only; OUT is on the same file system as the copies.",
 	},
+	// The check workload's two contestants are commands, not mounts, like
+	// qemu-img convert: measureCheck runs them on the image itself.
+	{
+		id: "qcowfs-check", label: "qcowfs check", role: subject, tool: "qcowfs",
+		how:  "qcowfs check IMG",
+		note: "Check workloads only. Exit 0: clean; like qemu-img check, 2 means corruptions and 3 leaks.",
+	},
+	{
+		id: "qemu-img-check", label: "qemu-img check", role: peer, tool: "qemu-img", pkg: "qemu-utils",
+		how:  "qemu-img check IMG",
+		note: "Check workloads only; the reference qcowfs check follows (same output, same exit statuses).",
+	},
 }
 
 const qemuNote = "MNT is an empty regular file; the daemon runs in the background and is stopped with SIGTERM. " +

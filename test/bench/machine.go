@@ -21,6 +21,7 @@ type machineInfo struct {
 	Libqcow   string `json:"libqcow"`
 	Fio       string `json:"fio"`
 	Coreutils string `json:"coreutils"`
+	Strace    string `json:"strace"`
 	Qcowfs    string `json:"qcowfs"`
 	Drop      string `json:"drop_caches"`
 }
@@ -69,6 +70,7 @@ func (b *bench) machine() machineInfo {
 	m.Libqcow = first("qcowmount", "-V")
 	m.Fio = first("fio", "--version")
 	m.Coreutils = first("cp", "--version")
+	m.Strace = first("strace", "-V")
 	if b.canDrop {
 		m.Drop = "yes: `sync; echo 3 > /proc/sys/vm/drop_caches` before every cold read, copy and guest read"
 	} else {

@@ -1,8 +1,10 @@
 // Command bench is qcowfs's whole-system benchmark: it measures bin/qcowfs
 // side by side with qemu's own FUSE export (qemu-storage-daemon --export
 // type=fuse, default and with a tuned malloc), libqcow's qcowmount and the
-// baselines without FUSE (the raw file itself, qemu-img convert), in one
-// run, and writes a markdown report.
+// baselines without FUSE (the raw file itself, qemu-img convert), and
+// `qcowfs check` against `qemu-img check`, in one run, counts the host
+// system calls the daemons make per copy and per compressed cluster, and
+// writes a markdown report.
 //
 //	go run ./test/bench            # the full suite (make bench)
 //	go run ./test/bench --quick    # a subset in under 3 minutes (make bench-quick)
@@ -14,10 +16,12 @@
 // and a FUSE daemon that hangs has its connection aborted.
 //
 // One file per concept: the images (images.go), the contestants and their
-// mounts (contestants.go), the workloads (workloads.go), the plan of what a
-// full and a quick run measure (plan.go), running commands with timeouts
-// (sys.go), mounts and caches (mounts.go), statistics and the report
-// (report.go), the machine description (machine.go).
+// mounts (contestants.go), the workloads (workloads.go), the check workload
+// (check.go), the host syscall counts under strace (syscalls.go), the plan
+// of what a full and a quick run measure (plan.go), running the workloads
+// (run.go), running commands with timeouts (sys.go), mounts and caches
+// (mounts.go), statistics and the report (report.go), the machine
+// description (machine.go).
 package main
 
 import (
@@ -44,6 +48,7 @@ type config struct {
 	fioTime    time.Duration
 	only       []string // workload ids (prefixes) to run; empty: all of the plan
 	imagesOnly bool     // build the images and stop
+	strace     bool     // run the untimed strace passes (syscalls.go)
 }
 
 func main() {
@@ -69,8 +74,9 @@ func run() int {
 	flag.BoolVar(&cfg.build, "build", true, "run `make build` in the repository first")
 	flag.StringVar(&cfg.report, "report", "", "markdown report to write (default docs/benchmarks.md; quick: WORK/quick/benchmarks.md)")
 	flag.DurationVar(&cfg.timeout, "timeout", 5*time.Minute, "timeout of any one command")
-	flag.DurationVar(&cfg.fioTime, "fio-time", 0, "fio run time (default 4s, quick 3s)")
+	flag.DurationVar(&cfg.fioTime, "fio-time", 3*time.Second, "fio run time")
 	flag.BoolVar(&cfg.imagesOnly, "images-only", false, "build the images the plan needs, then stop")
+	flag.BoolVar(&cfg.strace, "strace", true, "count the daemons' host syscalls in one untimed strace run after the timed ones (about 3 minutes of a full run)")
 	flag.StringVar(&only, "only", "", "comma-separated workload ids (or prefixes) to run, e.g. dd-plain,cp-")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -81,12 +87,6 @@ func run() int {
 		cfg.runs = 5
 		if cfg.quick {
 			cfg.runs = 3
-		}
-	}
-	if cfg.fioTime == 0 {
-		cfg.fioTime = 4 * time.Second
-		if cfg.quick {
-			cfg.fioTime = 3 * time.Second
 		}
 	}
 	if only != "" {

@@ -149,6 +149,17 @@ type tableRow struct {
 	PeakRSS    int64   `json:"peak_rss_bytes,omitempty"`
 }
 
+// subjectOf is the contestant the ratios of w are about: qcowfs, or in
+// the check workloads qcowfs check.
+func subjectOf(w *workload) string {
+	for _, id := range w.who {
+		if contestantByID(id).role == subject {
+			return id
+		}
+	}
+	return "qcowfs"
+}
+
 // markdownTable renders one metric of a workload.
 func (b *bench) markdownTable(res *wlResult, m metric) (string, table) {
 	w := res.w
@@ -159,7 +170,8 @@ func (b *bench) markdownTable(res *wlResult, m metric) (string, table) {
 	for _, id := range w.who {
 		all[id], has[id] = summarize(res.samples[m.id][id], m.unit)
 	}
-	q := all["qcowfs"]
+	subj := subjectOf(w)
+	q := all[subj]
 	fmt.Fprintf(&sb, "#### %s\n\n", escapeCell(m.title))
 	bestHdr := "median"
 	if m.unit == seconds {
@@ -173,7 +185,8 @@ func (b *bench) markdownTable(res *wlResult, m metric) (string, table) {
 	for _, id := range w.who {
 		c := contestantByID(id)
 		st := all[id]
-		row := tableRow{Contestant: id, Status: res.status[id], Runs: st.n, PeakRSS: res.rss[id]}
+		status := res.statusOf(m.id, id)
+		row := tableRow{Contestant: id, Status: status, Runs: st.n, PeakRSS: res.rss[id]}
 		rss := "—"
 		if n := res.rss[id]; n > 0 {
 			rss = humanBytes(n)
@@ -182,10 +195,10 @@ func (b *bench) markdownTable(res *wlResult, m metric) (string, table) {
 		if st.cached >= 0 {
 			notes = append(notes, fmt.Sprintf("%.0f%% of the file in the page cache before the read", 100*st.cached))
 		}
-		if res.status[id] != "" && (st.n > 0 || st.onlyTimeout) {
-			notes = append(notes, res.status[id])
+		if status != "" && (st.n > 0 || st.onlyTimeout) {
+			notes = append(notes, status)
 		}
-		if st.n > 0 && st.n < b.cfg.runs && !st.timedOut && res.status[id] == "" {
+		if st.n > 0 && st.n < b.cfg.runs && !st.timedOut && status == "" {
 			notes = append(notes, fmt.Sprintf("%d of %d runs", st.n, b.cfg.runs))
 		}
 		switch {
@@ -194,14 +207,13 @@ func (b *bench) markdownTable(res *wlResult, m metric) (string, table) {
 				ratio(m.unit, q, st), rss, escapeCell(strings.Join(notes, "; ")))
 			row.Ratio = ratio(m.unit, q, st)
 		case !has[id] || st.n == 0:
-			status := res.status[id]
 			if status == "" {
 				status = "no result"
 			}
 			fmt.Fprintf(&sb, "| %s | %s | — | — | — | %s | %s |\n", c.label, escapeCell(status), rss, escapeCell(strings.Join(notes, "; ")))
 		default:
 			r := "1"
-			if id != "qcowfs" {
+			if id != subj {
 				r = ratio(m.unit, q, st)
 			}
 			row.Median, row.Min, row.Max, row.Ratio = st.med, st.lo, st.hi, r
@@ -232,6 +244,7 @@ func (b *bench) markdownWorkload(res *wlResult) string {
 		s, _ := b.markdownTable(res, m)
 		sb.WriteString(s)
 	}
+	sb.WriteString(b.markdownSyscalls(res))
 	return sb.String()
 }
 
@@ -255,8 +268,8 @@ func (b *bench) markdownSummary() string {
 				case st.onlyTimeout:
 					return fmt.Sprintf("> %.0f s", st.timeoutSeconds)
 				case st.n == 0:
-					status := res.status[id]
-					for _, k := range []string{"n/a", "not run", "timed out"} {
+					status := res.statusOf(m.id, id)
+					for _, k := range []string{"n/a", "not run", "timed out", "skipped"} {
 						if strings.HasPrefix(status, k) {
 							return k
 						}
@@ -268,7 +281,8 @@ func (b *bench) markdownSummary() string {
 				}
 				return cell(m.unit, st.med, st.medS)
 			}
-			q := all["qcowfs"]
+			subj := subjectOf(res.w)
+			q := all[subj]
 			best := ""
 			for _, id := range res.w.who {
 				if contestantByID(id).role == peer && all[id].n > 0 && (best == "" || better(m.unit, all[id].med, all[best].med)) {
@@ -286,12 +300,12 @@ func (b *bench) markdownSummary() string {
 				}
 				return ratio(m.unit, q, all[id])
 			}
-			fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", escapeCell(m.short), show("qcowfs"), bestCell, bestRatio,
+			fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", escapeCell(m.short), show(subj), bestCell, bestRatio,
 				show("raw"), rr("raw"), show("convert"), rr("convert"))
 		}
 	}
 	sb.WriteString("\nRatios are qcowfs's median divided by the other's, in the row's unit: for MB/s and IOPS above 1 means qcowfs is faster, for seconds below 1 does. ")
-	sb.WriteString("Peers are the other FUSE readers (qemu's export, default and tuned, and qcowmount); the raw file and qemu-img convert are baselines without FUSE. ")
+	sb.WriteString("Peers are the other FUSE readers (qemu's export, default and tuned, and qcowmount) and, for check, qemu-img check; the raw file and qemu-img convert are baselines without FUSE. ")
 	sb.WriteString("\"page cache\": the warm read found the file in the page cache (fincore, after the cold read); a daemon that keeps the page cache between opens (FOPEN_KEEP_CACHE) is read from memory, one that has it dropped at every open is asked again for every byte.\n")
 	return sb.String()
 }
@@ -334,7 +348,7 @@ func (b *bench) writeReport() error {
 	row("qcowfs", strings.TrimPrefix(mi.Qcowfs, "qcowfs ")+" (`git describe` of the tree; built by `make build` at the start of the run)")
 	row("qemu", mi.Qemu+"; "+mi.QemuSD)
 	row("libqcow", mi.Libqcow)
-	row("tools", mi.Fio+"; "+mi.Coreutils)
+	row("tools", mi.Fio+"; "+mi.Coreutils+"; "+mi.Strace)
 	row("caches dropped", mi.Drop)
 	lo, hi := b.loadRange()
 	row("load average", fmt.Sprintf("1, 5, 15 min: %s before the measurements, %s after; 1 min at the start of each workload: %.1f to %.1f", b.loadBefore, loadavg(), lo, hi))
@@ -347,6 +361,9 @@ func (b *bench) writeReport() error {
 	row("raw numbers", "every run of every contestant: ["+filepath.Base(jsonPath(b.cfg.report))+"]("+filepath.Base(jsonPath(b.cfg.report))+")")
 	sb.WriteString("\n### Summary\n\n")
 	sb.WriteString(b.markdownSummary())
+	if s := b.markdownSyscallSummary(); s != "" {
+		sb.WriteString("\n" + s)
+	}
 	sb.WriteString("\n### Contestants\n\n| contestant | command | notes |\n| --- | --- | --- |\n")
 	for _, c := range contestants {
 		fmt.Fprintf(&sb, "| %s | `%s` | %s |\n", c.label, escapeCell(c.how), escapeCell(c.note))
@@ -380,8 +397,10 @@ func (b *bench) writeReport() error {
 		return err
 	}
 	var records []record
+	syscalls := []syscallCount{}
 	for _, res := range b.results {
 		records = append(records, res.records...)
+		syscalls = append(syscalls, res.syscalls...)
 	}
 	for i := range records {
 		if math.IsInf(records[i].Value, 0) || math.IsNaN(records[i].Value) {
@@ -395,13 +414,14 @@ func (b *bench) writeReport() error {
 		"machine":  mi,
 		"tables":   tables,
 		"records":  records,
+		"syscalls": syscalls,
 	})
 }
 
 // defaultHead is the hand-written head of a report that has none yet.
 const defaultHead = `# Benchmarks
 
-` + "`make bench`" + ` (about 20 minutes) and ` + "`make bench-quick`" + ` (under 3) measure qcowfs
+` + "`make bench`" + ` (20 to 25 minutes) and ` + "`make bench-quick`" + ` (about 2) measure qcowfs
 against qemu's FUSE export and qcowmount; see test/bench.
 
 `

@@ -13,12 +13,21 @@ type wlResult struct {
 	samples map[string]map[string][]sample // metric id -> contestant id -> runs
 	// status says why a contestant has no (or not all) numbers: "n/a:
 	// ...", "failed: ...", "timed out ...". Empty: it ran every run.
-	status  map[string]string
+	status map[string]string
+	// skipped says, per metric and contestant, why a metric was not
+	// measured although the contestant ran (a warm read skipped).
+	skipped map[string]map[string]string
 	notes   map[string][]string
-	rss     map[string]int64 // contestant id -> daemon's peak RSS
+	// rss is the peak RSS per contestant: its daemon's, or for a
+	// command (qcowfs check) the largest of its runs.
+	rss     map[string]int64
 	elapsed time.Duration
 	load    float64 // 1-minute load average when it started
 	records []record
+	// syscalls are the counts of the untimed strace pass, one per
+	// traced daemon; syscallsNote says why there are none.
+	syscalls     []syscallCount
+	syscallsNote string
 }
 
 // A record is one measurement as written to the JSON file.
@@ -36,6 +45,8 @@ type record struct {
 	// CachedBefore is the part of the file in the page cache before a
 	// warm read (fincore), 0 to 1.
 	CachedBefore *float64 `json:"cached_before,omitempty"`
+	// PeakRSS is the measured command's own peak RSS (check workloads).
+	PeakRSS int64 `json:"peak_rss_bytes,omitempty"`
 }
 
 func (r *wlResult) fail(id, status string) {
@@ -44,15 +55,25 @@ func (r *wlResult) fail(id, status string) {
 	}
 }
 
+// statusOf says why contestant id has no (or not all) numbers for metric:
+// its status in the workload, or why the metric was skipped.
+func (r *wlResult) statusOf(metric, id string) string {
+	if s := r.status[id]; s != "" {
+		return s
+	}
+	return r.skipped[metric][id]
+}
+
 // runWorkload exposes w's image through every contestant, then runs them
 // interleaved: run 1 of each, then run 2 of each, and so on. A contestant
 // that fails or times out is not run again in this workload; the others go
 // on. Everything is torn down before it returns.
 func (b *bench) runWorkload(w *workload) *wlResult {
 	res := &wlResult{w: w, samples: map[string]map[string][]sample{}, status: map[string]string{},
-		notes: map[string][]string{}, rss: map[string]int64{}}
+		skipped: map[string]map[string]string{}, notes: map[string][]string{}, rss: map[string]int64{}}
 	for _, m := range w.metrics {
 		res.samples[m.id] = map[string][]sample{}
+		res.skipped[m.id] = map[string]string{}
 	}
 	start := time.Now()
 	res.load = load1()
@@ -141,6 +162,7 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 			// Every sample but a failed last one is a measurement.
 			for i, s := range samples {
 				res.add(w, id, run, s, err != nil && i == len(samples)-1, err)
+				res.rss[id] = max(res.rss[id], s.rss)
 			}
 			switch {
 			case errors.Is(err, errTimedOut):
@@ -161,6 +183,15 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 			}
 		}
 	}
+	// The strace pass comes last because strace slows the daemons it
+	// traces (on mounts of its own: see syscalls.go).
+	switch {
+	case w.syscalls == nil || b.ctx.Err() != nil:
+	case !b.cfg.strace:
+		res.syscallsNote = "not counted in this run (--strace=false)"
+	default:
+		b.countSyscalls(w, res)
+	}
 	return res
 }
 
@@ -175,7 +206,15 @@ func (r *wlResult) add(w *workload, id string, run int, s sample, failed bool, e
 		}
 	}
 	rec := record{Workload: w.id, Metric: s.metric, Contestant: id, Run: run, Seconds: s.seconds,
-		Bytes: s.bytes, Unit: u.String(), Status: "ok"}
+		Bytes: s.bytes, Unit: u.String(), Status: "ok", PeakRSS: s.rss}
+	if s.skipped != "" {
+		rec.Status, rec.Error, rec.Seconds = "skipped", s.skipped, 0
+		r.records = append(r.records, rec)
+		if r.skipped[s.metric] != nil && r.skipped[s.metric][id] == "" {
+			r.skipped[s.metric][id] = s.skipped
+		}
+		return
+	}
 	switch {
 	case s.timedOut:
 		rec.Status = "timeout"
@@ -216,6 +255,10 @@ func describeSamples(w *workload, ss []sample) string {
 			if out != "" {
 				out += ", "
 			}
+			if s.skipped != "" {
+				out += m.id + " skipped"
+				continue
+			}
 			switch m.unit {
 			case mbps:
 				out += fmt.Sprintf("%s %.0f MB/s (%.2f s)", m.id, s.value(mbps), s.seconds)
@@ -223,6 +266,9 @@ func describeSamples(w *workload, ss []sample) string {
 				out += fmt.Sprintf("%.0f IOPS", s.ops)
 			default:
 				out += fmt.Sprintf("%.2f s", s.seconds)
+			}
+			if s.rss > 0 {
+				out += ", peak RSS " + humanBytes(s.rss)
 			}
 			if s.note != "" {
 				out += "; " + s.note
@@ -251,8 +297,8 @@ func (b *bench) timedOutIn(wid, id string) string {
 }
 
 func (b *bench) haveTool(c *contestant) bool {
-	if c.id == "qcowfs" {
-		return true
+	if c.tool == "qcowfs" {
+		return true // the binary under test, checked at the start
 	}
 	_, err := exec.LookPath(c.tool)
 	return err == nil

@@ -54,6 +54,9 @@ type result struct {
 	stdout, stderr string
 	err            error // nil, or why it failed (exit status with stderr, timeout, ...)
 	timedOut       bool
+	// exitCode is the exit status when the command exited by itself,
+	// -1 when it did not (it could not start, was killed, timed out).
+	exitCode int
 }
 
 // ok reports whether the command ran and exited 0.
@@ -82,7 +85,7 @@ func (b *bench) run(c *cmd) result {
 
 	start := time.Now()
 	if err := ec.Start(); err != nil {
-		return result{err: err}
+		return result{err: err, exitCode: -1}
 	}
 	done := make(chan error, 1)
 	go func() { done <- ec.Wait() }()
@@ -93,11 +96,15 @@ func (b *bench) run(c *cmd) result {
 	if c.cleanup {
 		interrupt = nil
 	}
-	var res result
+	res := result{exitCode: -1}
 	var werr error
 	select {
 	case werr = <-done:
 		res.elapsed = time.Since(start)
+		// Wait has returned: ProcessState is no longer written.
+		if ps := ec.ProcessState; ps != nil {
+			res.exitCode = ps.ExitCode()
+		}
 	case <-timer.C:
 		res.elapsed = time.Since(start)
 		res.timedOut = true
