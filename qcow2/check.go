@@ -51,6 +51,10 @@ type checker struct {
 	progress func(done, total int64)
 	done     int64
 	total    int64
+	// buf and words are readCluster's, reused for every table: a check
+	// reads thousands of them, and fresh buffers cost page faults.
+	buf   []byte
+	words []uint64
 }
 
 func (c *checker) errorf(format string, args ...any) {
@@ -167,17 +171,22 @@ func (c *checker) inc(off, size int64) {
 }
 
 // readCluster reads one cluster as big-endian words; like qemu's reads,
-// bytes past the end of the file read as zeros.
+// bytes past the end of the file read as zeros. The words are valid until
+// the next call.
 func (c *checker) readCluster(off int64) ([]uint64, error) {
-	buf := make([]byte, c.l.clusterSize())
-	if _, err := c.l.file.ReadAt(buf, off); err != nil && err != io.EOF {
+	if c.buf == nil {
+		c.buf = make([]byte, c.l.clusterSize())
+		c.words = make([]uint64, len(c.buf)/8)
+	}
+	n, err := c.l.file.ReadAt(c.buf, off)
+	if err != nil && err != io.EOF {
 		return nil, err
 	}
-	t := make([]uint64, len(buf)/8)
-	for i := range t {
-		t[i] = binary.BigEndian.Uint64(buf[i*8:])
+	clear(c.buf[n:])
+	for i := range c.words {
+		c.words[i] = binary.BigEndian.Uint64(c.buf[i*8:])
 	}
-	return t, nil
+	return c.words, nil
 }
 
 // checkL1 counts an L1 table and everything it references.
