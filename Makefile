@@ -9,7 +9,7 @@ BIN     := bin/qcowfs
 # Packages the tests and the demo need (Debian names).
 TEST_PKGS := fuse3 qemu-utils fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc
 
-.PHONY: all build test demo lint install uninstall deps deps-build clean
+.PHONY: all build test demo lint fuzz install uninstall deps deps-build clean
 
 all: build
 
@@ -34,6 +34,13 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+
+# Every fuzz target (qcow2 header, image, L2 entries, compressed clusters,
+# snapshot table; partition tables) for FUZZTIME seconds each. Failing
+# inputs land in testdata/fuzz and run with every `make test` after.
+FUZZTIME ?= 30
+fuzz:
+	@scripts/fuzz.sh $(FUZZTIME)
 
 install: build
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/qcowfs
