@@ -986,6 +986,13 @@ func TestInfoErrors(t *testing.T) {
 	notImage := cliWrite(t, filepath.Join(dir, "notimage.qcow2"), strings.Repeat("not a qcow2 image\n", 1000))
 	empty := cliWrite(t, filepath.Join(dir, "empty.qcow2"), "")
 	missing := filepath.Join(dir, "nosuch.qcow2")
+	// Encrypted images are refused with the encryption method named.
+	luks := filepath.Join(dir, "luks.qcow2")
+	aes := filepath.Join(dir, "aes.qcow2")
+	for p, format := range map[string]string{luks: "luks", aes: "aes"} {
+		qemu.Img(t, "create", "-q", "-f", "qcow2", "--object", "secret,id=s0,data=x",
+			"-o", "encrypt.format="+format+",encrypt.key-secret=s0", p, "1M")
+	}
 	for _, c := range []struct {
 		path  string
 		words []string
@@ -994,6 +1001,8 @@ func TestInfoErrors(t *testing.T) {
 		{empty, []string{empty}},
 		{missing, []string{missing, "no such file"}},
 		{dir, []string{dir}},
+		{luks, []string{luks, "encrypted (luks): not supported"}},
+		{aes, []string{aes, "encrypted (aes): not supported"}},
 	} {
 		for _, format := range []string{"human", "json"} {
 			r := cliRun(t, "info", "--output="+format, c.path)
