@@ -989,10 +989,8 @@ func TestInfoErrors(t *testing.T) {
 	// Encrypted images are refused with the encryption method named.
 	luks := filepath.Join(dir, "luks.qcow2")
 	aes := filepath.Join(dir, "aes.qcow2")
-	for p, format := range map[string]string{luks: "luks", aes: "aes"} {
-		qemu.Img(t, "create", "-q", "-f", "qcow2", "--object", "secret,id=s0,data=x",
-			"-o", "encrypt.format="+format+",encrypt.key-secret=s0", p, "1M")
-	}
+	qemu.CreateEncrypted(t, luks, "luks")
+	qemu.CreateEncrypted(t, aes, "aes")
 	for _, c := range []struct {
 		path  string
 		words []string

@@ -129,8 +129,7 @@ func TestHostileImages(t *testing.T) {
 	refuse("unknown.qcow2", "teleportation")
 
 	// Encryption.
-	qemu.Img(t, "create", "-q", "-f", "qcow2", "--object", "secret,id=s0,data=123456",
-		"-o", "encrypt.format=luks,encrypt.key-secret=s0", filepath.Join(src, "luks.qcow2"), "1M")
+	qemu.CreateEncrypted(t, filepath.Join(src, "luks.qcow2"), "luks")
 	refuse("luks.qcow2", "encrypted (luks): not supported")
 	patchU(t, mk("aes.qcow2", "1M"), 32, 4, 1)
 	refuse("aes.qcow2", "encrypted (aes): not supported")

@@ -53,6 +53,27 @@ func Create(t testing.TB, format, path, size string, extra ...string) {
 	Img(t, append(args, path, size)...)
 }
 
+// CreateEncrypted makes a 1 MiB qcow2 image encrypted with format "luks"
+// or "aes". qemu-img times PBKDF2 on the thread's CPU clock to choose the
+// iteration count and gives up ("Unable to get accurate CPU usage") when
+// the first timing reads 0 ms, which happens on fast or busy machines: that
+// failure, and only that one, is retried.
+func CreateEncrypted(t testing.TB, path, format string) {
+	t.Helper()
+	Require(t, "qemu-img")
+	args := []string{"create", "-q", "-f", "qcow2", "--object", "secret,id=s0,data=123456",
+		"-o", "encrypt.format=" + format + ",encrypt.key-secret=s0", path, "1M"}
+	for try := 1; ; try++ {
+		out, err := exec.Command("qemu-img", args...).CombinedOutput()
+		if err == nil {
+			return
+		}
+		if try == 10 || !bytes.Contains(out, []byte("Unable to get accurate CPU usage")) {
+			t.Fatalf("qemu-img %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
 // IO runs qemu-io commands (each one a "-c" argument) on a qcow2 image.
 func IO(t testing.TB, image string, cmds ...string) {
 	t.Helper()
