@@ -230,10 +230,7 @@ func (c *checker) checkL2(off int64, active bool) error {
 		c.notef("ERROR: I/O error in check_refcounts_l2: %v", err)
 		return err
 	}
-	words := 1
-	if l.extendedL2 {
-		words = 2
-	}
+	words := l.l2EntryWords()
 	var nextContiguous int64
 	for i := 0; i+words <= len(t); i += words {
 		e := l2Entry{word: t[i]}
@@ -402,10 +399,7 @@ func (c *checker) checkCopied(active []uint64) error {
 			c.notef("ERROR: Could not read L2 table: %v", err)
 			return err
 		}
-		words := 1
-		if l.extendedL2 {
-			words = 2
-		}
+		words := l.l2EntryWords()
 		for j := 0; j+words <= len(t); j += words {
 			w := t[j]
 			off := w & l2OffsetMask

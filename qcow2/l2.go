@@ -184,10 +184,7 @@ func (l *layer) lookup(off, n int64) (run, error) {
 	l1Index := off / l2Span
 	l2Base := int64(l.l1[l1Index] & l1OffsetMask)
 
-	words := int64(1)
-	if l.extendedL2 {
-		words = 2
-	}
+	words := int64(l.l2EntryWords())
 	var r run
 	end := off + n
 	for pos := off; pos < end; {
@@ -250,4 +247,13 @@ func (l *layer) lookup(off, n int64) (run, error) {
 		}
 	}
 	return r, nil
+}
+
+// l2EntryWords is the size of one L2 entry in 64-bit words: 2 with
+// extended L2 entries (the entry and its subcluster bitmap), else 1.
+func (l *layer) l2EntryWords() int {
+	if l.extendedL2 {
+		return 2
+	}
+	return 1
 }

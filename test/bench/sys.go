@@ -59,6 +59,18 @@ type result struct {
 	exitCode int
 }
 
+// sample is a timed command's measurement of metric: its wall time, marked
+// timed out (and errTimedOut) if it was killed, with the command's error
+// if it failed.
+func (r result) sample(metric string) (sample, error) {
+	s := sample{metric: metric, seconds: r.elapsed.Seconds()}
+	if r.timedOut {
+		s.timedOut = true
+		return s, fmt.Errorf("%w: %v", errTimedOut, r.err)
+	}
+	return s, r.err
+}
+
 // ok reports whether the command ran and exited 0.
 func (r result) ok() bool { return r.err == nil }
 

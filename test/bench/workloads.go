@@ -134,13 +134,9 @@ func (b *bench) ddRead(w *workload, e *exposure, metricID string) (sample, error
 	}
 	r := b.run(&cmd{name: "dd", args: []string{"if=" + e.file, "of=/dev/null", "bs=1M"},
 		timeout: b.timeoutOf(w), stuck: b.abortExposure(e)})
-	s := sample{metric: metricID, seconds: r.elapsed.Seconds()}
-	if r.timedOut {
-		s.timedOut = true
-		return s, fmt.Errorf("%w: %v", errTimedOut, r.err)
-	}
-	if r.err != nil {
-		return s, r.err
+	s, err := r.sample(metricID)
+	if err != nil {
+		return s, err
 	}
 	m := ddBytes.FindStringSubmatch(r.stderr)
 	if m == nil {
@@ -227,13 +223,9 @@ func (b *bench) fioArgs(file string) []string {
 
 func measureFio(b *bench, w *workload, c *contestant, e *exposure, run int) ([]sample, error) {
 	r := b.run(&cmd{name: "fio", args: b.fioArgs(e.file), timeout: b.cfg.fioTime + time.Minute, stuck: b.abortExposure(e)})
-	s := sample{metric: "iops", seconds: r.elapsed.Seconds()}
-	if r.timedOut {
-		s.timedOut = true
-		return []sample{s}, fmt.Errorf("%w: %v", errTimedOut, r.err)
-	}
-	if r.err != nil {
-		return []sample{s}, r.err
+	s, err := r.sample("iops")
+	if err != nil {
+		return []sample{s}, err
 	}
 	var out struct {
 		Jobs []struct {
@@ -291,13 +283,9 @@ func measureCopy(b *bench, w *workload, c *contestant, e *exposure, run int) ([]
 	}
 	c1.timeout = b.timeoutOf(w)
 	r := b.run(c1)
-	s := sample{metric: "time", seconds: r.elapsed.Seconds()}
-	if r.timedOut {
-		s.timedOut = true
-		return []sample{s}, fmt.Errorf("%w: %v", errTimedOut, r.err)
-	}
-	if r.err != nil {
-		return []sample{s}, r.err
+	s, err := r.sample("time")
+	if err != nil {
+		return []sample{s}, err
 	}
 	if run == 1 {
 		alloc, err := allocated(out)
@@ -401,13 +389,9 @@ func measureGuest(b *bench, w *workload, c *contestant, e *exposure, run int) ([
 	}
 	r := b.run(&cmd{name: "bash", args: []string{"-c", "set -o pipefail; tar cf - . | wc -c"}, dir: e.guest,
 		timeout: b.timeoutOf(w), stuck: b.abortExposure(e)})
-	s := sample{metric: "time", seconds: r.elapsed.Seconds()}
-	if r.timedOut {
-		s.timedOut = true
-		return []sample{s}, fmt.Errorf("%w: %v", errTimedOut, r.err)
-	}
-	if r.err != nil {
-		return []sample{s}, r.err
+	s, err := r.sample("time")
+	if err != nil {
+		return []sample{s}, err
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(r.stdout), 10, 64)
 	if err != nil {
