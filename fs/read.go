@@ -83,7 +83,7 @@ func spliceRead(img *qcow2.Image, off, size int64) (fuse.ReadResult, error) {
 	switch {
 	case len(exts) == 1 && hosts == 1:
 		f, hoff, _ := exts[0].Host()
-		return fuse.ReadResultFd(f.Fd(), hoff, int(size)), nil
+		return fuse.ReadResultFd(f, hoff, int(size)), nil
 	case hosts == 0 && size <= int64(len(zeros)):
 		return fuse.ReadResultData(zeros[:size]), nil
 	}
@@ -117,7 +117,7 @@ func pipeRead(exts []qcow2.Extent, size int) (fuse.ReadResult, error) {
 		e := &exts[i]
 		var err error
 		if f, hoff, ok := e.Host(); ok {
-			err = loadFromAt(pair, f.Fd(), int(e.Length), hoff)
+			err = loadFromAt(pair, f, int(e.Length), hoff)
 		} else {
 			err = writeAll(pair, zeros, int(e.Length))
 		}

@@ -230,7 +230,8 @@ func (m *mount) acquire(path string, d diskID) (*openImage, error) {
 	}
 	// The file may have changed since it was looked up.
 	var st syscall.Stat_t
-	if err := syscall.Fstat(int(img.File().Fd()), &st); err != nil || versionOf(&st) != d.v {
+	fd, ok := img.File().(interface{ Fd() uintptr })
+	if !ok || syscall.Fstat(int(fd.Fd()), &st) != nil || versionOf(&st) != d.v {
 		img.Close()
 		return nil, syscall.ESTALE
 	}

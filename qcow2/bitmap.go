@@ -39,8 +39,8 @@ func (l *layer) addBitmaps(b *metaBuilder) error {
 		return bad("bitmap_directory_offset", dirOff, "directory of %d bytes is unaligned, too large or past the end of the file", dirSize)
 	}
 	dir := make([]byte, dirSize)
-	if _, err := l.file.ReadAt(dir, int64(dirOff)); err != nil {
-		return fmt.Errorf("%s: reading the bitmap directory: %w", l.name, err)
+	if err := l.meta.read(dir, int64(dirOff), "bitmap directory"); err != nil {
+		return err
 	}
 	b.add(int64(dirOff), int64(dirSize), MetaBitmapDirectory)
 	for i, p := uint32(0), 0; i < h.Bitmaps.NbBitmaps; i++ {
@@ -56,13 +56,13 @@ func (l *layer) addBitmaps(b *metaBuilder) error {
 		if tSize > maxBitmapTable || tOff%uint64(cs) != 0 || tOff >= uint64(l.fileSize) || tSize*8 > uint64(l.fileSize)-tOff {
 			return bad("bitmap_table_offset", tOff, "bitmap %d: table of %d entries is unaligned, too large or past the end of the file", i, tSize)
 		}
-		table := make([]byte, tSize*8)
-		if _, err := l.file.ReadAt(table, int64(tOff)); err != nil {
-			return fmt.Errorf("%s: reading bitmap table %d: %w", l.name, i, err)
+		table, err := l.meta.words(int64(tOff), int64(tSize), fmt.Sprintf("bitmap table %d", i))
+		if err != nil {
+			return err
 		}
 		b.add(int64(tOff), int64(tSize)*8, MetaBitmapTable)
-		for j := 0; j < len(table); j += 8 {
-			if o := int64(binary.BigEndian.Uint64(table[j:]) & bitmapEntryMask); o != 0 {
+		for _, e := range table {
+			if o := int64(e & bitmapEntryMask); o != 0 {
 				b.add(o, cs, MetaBitmapData)
 			}
 		}
@@ -88,7 +88,7 @@ func (img *Image) Bitmaps() []Bitmap {
 		return nil
 	}
 	dir := make([]byte, h.Bitmaps.DirectorySize)
-	if _, err := l.file.ReadAt(dir, int64(h.Bitmaps.DirectoryOffset)); err != nil {
+	if err := l.meta.read(dir, int64(h.Bitmaps.DirectoryOffset), "bitmap directory"); err != nil {
 		return nil
 	}
 	var out []Bitmap

@@ -1,9 +1,7 @@
 package qcow2
 
 import (
-	"hash/maphash"
 	"runtime"
-	"sync"
 	"sync/atomic"
 )
 
@@ -12,25 +10,18 @@ import (
 // maps 512 MiB).
 const DefaultCacheSize = 32 << 20
 
-const cacheShards = 16
-
-// A Cache holds decoded metadata tables (L2 tables) for any number of
-// images, within a byte budget. One Cache is normally shared by every image
-// of a mount, so the daemon's memory is bounded by it whatever the number
-// or size of the images.
+// A Cache holds decoded metadata tables (L2 tables and refcount blocks) for
+// any number of images, within a byte budget, and the decompressed-cluster
+// cache (clustercache.go) in a budget of its own. One Cache is normally
+// shared by every image of a mount, so the daemon's memory is bounded by it
+// whatever the number or size of the images.
 //
-// Lookups go through a sync.Map, whose reads take no lock, and a hit only
-// sets the entry's reference bit (an atomic store, skipped when the bit is
-// already set), so requests on different cores do not serialize on a hit.
-// A miss publishes a placeholder with LoadOrStore, loads the table outside
-// any lock and closes the placeholder's ready channel: concurrent readers
-// of one table wait for a single load. Eviction is CLOCK (second chance)
-// over per-shard rings; each ring is guarded by its shard's mutex, which
-// only misses take.
+// Tables are found without a lock (clockcache.go). A miss publishes a
+// placeholder, loads the table outside any lock and closes the
+// placeholder's ready channel: concurrent readers of one table wait for a
+// single load. A failed load is not cached.
 type Cache struct {
-	seed      maphash.Seed
-	m         sync.Map // cacheKey -> *cacheEntry
-	shards    [cacheShards]cacheShard
+	tables    clockCache[cacheKey, *cacheEntry]
 	nextOwner atomic.Uint64
 
 	// clusters holds decompressed clusters, in a budget of its own.
@@ -46,9 +37,41 @@ type cacheKey struct {
 	off   int64
 }
 
+// A table is one cached cluster of 64-bit words: an L2 table or a refcount
+// block. Its words are read with atomic loads, never under a lock, so that
+// a writer can change entries in place while requests read them. An
+// extended L2 entry is two words; seq is a sequence lock for those: a
+// writer makes it odd while it changes a pair, and a reader retries a pair
+// read while seq was odd or moved (entry).
+type table struct {
+	words []uint64
+	seq   atomic.Uint64
+}
+
+// word returns word i.
+func (t *table) word(i int64) uint64 { return atomic.LoadUint64(&t.words[i]) }
+
+// entry returns L2 entry i: one word, or with extended entries the entry
+// and its subcluster bitmap, read as a consistent pair.
+func (t *table) entry(i int64, extended bool) l2Entry {
+	if !extended {
+		return l2Entry{word: t.word(i)}
+	}
+	for {
+		s := t.seq.Load()
+		if s&1 == 0 {
+			e := l2Entry{word: t.word(2 * i), bitmap: t.word(2*i + 1)}
+			if t.seq.Load() == s {
+				return e
+			}
+		}
+		runtime.Gosched()
+	}
+}
+
 type cacheEntry struct {
 	key    cacheKey
-	table  []uint64
+	table  *table
 	err    error
 	ready  chan struct{} // closed once table or err is set
 	loaded atomic.Bool   // set with ready, read without touching the channel
@@ -56,102 +79,68 @@ type cacheEntry struct {
 }
 
 func (e *cacheEntry) refBit() *atomic.Bool { return &e.ref }
-func (e *cacheEntry) bytes() int64         { return int64(len(e.table)) * 8 }
-
-// cacheShard: mu guards ring.
-type cacheShard struct {
-	mu   sync.Mutex
-	ring clockRing[*cacheEntry]
-
-	hits, misses atomic.Uint64
-	_            [64]byte // keep shards' counters on separate cache lines
-}
+func (e *cacheEntry) bytes() int64         { return int64(len(e.table.words)) * 8 }
 
 // NewCache returns a cache holding at most tables bytes of metadata tables
 // and clusters bytes of decompressed clusters. (At least one entry per
 // shard is always kept, so tiny budgets still work.)
 func NewCache(tables, clusters int64) *Cache {
 	c := &Cache{
-		seed:      maphash.MakeSeed(),
 		clusters:  newClusterCache(clusters),
 		inflaters: make(chan struct{}, runtime.GOMAXPROCS(0)),
 	}
-	for i := range c.shards {
-		c.shards[i].ring.capacity = tables / cacheShards
-	}
+	c.tables.init(tables, func(e *cacheEntry) cacheKey { return e.key })
 	return c
 }
 
 // newOwner returns a key space for one layer's tables.
 func (c *Cache) newOwner() uint64 { return c.nextOwner.Add(1) }
 
-// Stats returns the number of hits and misses so far.
-func (c *Cache) Stats() (hits, misses uint64) {
-	for i := range c.shards {
-		hits += c.shards[i].hits.Load()
-		misses += c.shards[i].misses.Load()
-	}
-	return hits, misses
-}
-
-func (c *Cache) shard(k cacheKey) *cacheShard {
-	return &c.shards[maphash.Comparable(c.seed, k)%cacheShards]
-}
+// Stats returns the number of table hits and misses so far.
+func (c *Cache) Stats() (hits, misses uint64) { return c.tables.stats() }
 
 // get returns the table for k, calling load to read it on a miss. A failed
 // load is not cached: the next get tries again.
-func (c *Cache) get(k cacheKey, load func() ([]uint64, error)) ([]uint64, error) {
+func (c *Cache) get(k cacheKey, load func() ([]uint64, error)) (*table, error) {
 	for {
-		v, ok := c.m.Load(k)
+		e, ok := c.tables.load(k)
 		if !ok {
 			break
-		}
-		e := v.(*cacheEntry)
-		if !e.ref.Load() {
-			e.ref.Store(true)
 		}
 		if !e.loaded.Load() {
 			<-e.ready
 		}
 		if e.err == nil {
-			c.shard(k).hits.Add(1)
+			c.tables.shard(k).hits.Add(1)
 			return e.table, nil
 		}
 		// The load that published this error removes the entry;
 		// wait for that, then try ourselves.
-		c.m.CompareAndDelete(k, e)
+		c.tables.unpublish(e)
 	}
 
 	e := &cacheEntry{key: k, ready: make(chan struct{})}
-	if _, loaded := c.m.LoadOrStore(k, e); loaded {
+	if _, loaded := c.tables.publish(k, e); loaded {
 		// Lost the race to another miss: share its load.
 		return c.get(k, load)
 	}
-	s := c.shard(k)
-	s.misses.Add(1)
-	table, err := load()
-	e.table, e.err = table, err
+	c.tables.shard(k).misses.Add(1)
+	words, err := load()
+	if err == nil {
+		e.table = &table{words: words}
+	}
+	e.err = err
 	e.loaded.Store(true)
 	close(e.ready)
 	if err != nil {
-		c.m.CompareAndDelete(k, e)
+		c.tables.unpublish(e)
 		return nil, err
 	}
-	s.mu.Lock()
-	s.ring.add(e, c.forget)
-	s.mu.Unlock()
-	return table, nil
+	c.tables.admit(e, nil)
+	return e.table, nil
 }
-
-// forget drops an evicted entry from the map (unless it was replaced).
-func (c *Cache) forget(e *cacheEntry) { c.m.CompareAndDelete(e.key, e) }
 
 // drop removes every table of owner; it is called when a layer is closed.
 func (c *Cache) drop(owner uint64) {
-	for i := range c.shards {
-		s := &c.shards[i]
-		s.mu.Lock()
-		s.ring.removeIf(func(e *cacheEntry) bool { return e.key.owner == owner }, c.forget)
-		s.mu.Unlock()
-	}
+	c.tables.removeIf(func(e *cacheEntry) bool { return e.key.owner == owner }, nil)
 }

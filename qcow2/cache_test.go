@@ -22,7 +22,7 @@ func TestCacheLoadsOnce(t *testing.T) {
 				<-release
 				return []uint64{42}, nil
 			})
-			if err != nil || tab[0] != 42 {
+			if err != nil || tab.word(0) != 42 {
 				t.Errorf("get = %v, %v", tab, err)
 			}
 		}()
@@ -44,21 +44,21 @@ func TestCacheBounded(t *testing.T) {
 	for i := 0; i < 10000; i++ {
 		c.get(cacheKey{owner: 1, off: int64(i) * 8192}, load)
 		c.get(hot, load)
-		for s := range c.shards {
-			if b := c.shards[s].ring.used; b > c.shards[s].ring.capacity {
-				t.Fatalf("shard %d holds %d bytes, capacity %d", s, b, c.shards[s].ring.capacity)
+		for s := range c.tables.shards {
+			if r := &c.tables.shards[s].ring; r.used > r.capacity {
+				t.Fatalf("shard %d holds %d bytes, capacity %d", s, r.used, r.capacity)
 			}
 		}
 	}
 	total := 0
-	c.m.Range(func(any, any) bool { total++; return true })
+	c.tables.m.Range(func(any, any) bool { total++; return true })
 	if total > cacheShards*4 {
 		t.Fatalf("%d tables cached, budget is %d", total, cacheShards*4)
 	}
-	if _, ok := c.m.Load(hot); !ok {
+	if _, ok := c.tables.m.Load(hot); !ok {
 		t.Fatal("the table used between every other access was evicted")
 	}
-	if h := c.shard(hot).hits.Load(); h < 9999 {
+	if h := c.tables.shard(hot).hits.Load(); h < 9999 {
 		t.Fatalf("the hot table hit %d times of 10000", h)
 	}
 }
@@ -71,7 +71,7 @@ func TestCacheErrorsNotCached(t *testing.T) {
 		t.Fatal("want the load's error")
 	}
 	tab, err := c.get(k, func() ([]uint64, error) { return []uint64{1}, nil })
-	if err != nil || len(tab) != 1 {
+	if err != nil || len(tab.words) != 1 {
 		t.Fatalf("retry: %v, %v", tab, err)
 	}
 }
@@ -85,7 +85,7 @@ func TestCacheDrop(t *testing.T) {
 		c.get(cacheKey{owner: 2, off: int64(i)}, load)
 	}
 	c.drop(1)
-	c.m.Range(func(k, _ any) bool {
+	c.tables.m.Range(func(k, _ any) bool {
 		if k.(cacheKey).owner == 1 {
 			t.Fatalf("owner 1's table %v survived drop", k)
 		}

@@ -1,9 +1,7 @@
 package qcow2
 
 import (
-	"encoding/binary"
 	"fmt"
-	"io"
 )
 
 // The image check: qemu-img check without repairs.
@@ -37,7 +35,6 @@ type CheckResult struct {
 }
 
 const (
-	l2StdReserved  = 0x3f000000000001fe
 	reftReserved   = 0x1ff
 	checkTableBits = 32 // refcounts counted in uint32s
 )
@@ -93,14 +90,14 @@ func (c *checker) run() error {
 	cs := l.clusterSize()
 
 	// What the L2 tables to walk are, for progress.
-	active, err := l.readL1(int64(h.L1TableOffset), h.L1Size)
+	active, err := l.meta.words(int64(h.L1TableOffset), int64(h.L1Size), "L1 table")
 	if err != nil {
 		return err
 	}
 	snapL1s := make([][]uint64, len(l.snapshots))
 	for i, s := range l.snapshots {
 		if s.L1TableOffset%uint64(cs) == 0 && uint64(s.L1Size)*8 <= maxL1Bytes {
-			if snapL1s[i], err = l.readL1(int64(s.L1TableOffset), s.L1Size); err != nil {
+			if snapL1s[i], err = l.meta.words(int64(s.L1TableOffset), int64(s.L1Size), "snapshot L1 table"); err != nil {
 				return err
 			}
 		}
@@ -117,7 +114,7 @@ func (c *checker) run() error {
 	if err := c.checkL1(active, int64(h.L1TableOffset), true); err != nil {
 		return err
 	}
-	if l.dataFile != nil && len(l.snapshots) > 0 {
+	if l.external() && len(l.snapshots) > 0 {
 		c.errorf("%d snapshots in image with data file", len(l.snapshots))
 	}
 	for i, s := range l.snapshots {
@@ -171,21 +168,19 @@ func (c *checker) inc(off, size int64) {
 }
 
 // readCluster reads one cluster as big-endian words; like qemu's reads,
-// bytes past the end of the file read as zeros. The words are valid until
-// the next call.
+// bytes past the end of the file (as it was at open) read as zeros. The
+// words are valid until the next call.
 func (c *checker) readCluster(off int64) ([]uint64, error) {
 	if c.buf == nil {
 		c.buf = make([]byte, c.l.clusterSize())
 		c.words = make([]uint64, len(c.buf)/8)
 	}
-	n, err := c.l.file.ReadAt(c.buf, off)
-	if err != nil && err != io.EOF {
+	n := max(0, min(int64(len(c.buf)), c.l.fileSize-off))
+	if err := c.l.meta.read(c.buf[:n], off, "table"); err != nil {
 		return nil, err
 	}
 	clear(c.buf[n:])
-	for i := range c.words {
-		c.words[i] = binary.BigEndian.Uint64(c.buf[i*8:])
-	}
+	decodeWords(c.words, c.buf)
 	return c.words, nil
 }
 
@@ -204,10 +199,10 @@ func (c *checker) checkL1(l1 []uint64, off int64, active bool) error {
 		if c.progress != nil && c.done%64 == 0 {
 			c.progress(c.done, c.total)
 		}
-		if e&l1Reserved != 0 {
+		if l1Entry(e).reserved() != 0 {
 			c.errorf("found L1 entry with reserved bits set: %x", e)
 		}
-		l2 := int64(e & l1OffsetMask)
+		l2 := l1Entry(e).l2Offset()
 		c.inc(l2, cs)
 		if l2&(cs-1) != 0 {
 			c.errorf("l2_offset=%x: Table is not cluster aligned; L1 entry corrupted", l2)
@@ -237,20 +232,20 @@ func (c *checker) checkL2(off int64, active bool) error {
 		if words == 2 {
 			e.bitmap = t[i+1]
 		}
-		compressed := e.word&oflagCompressed != 0
+		compressed := e.compressed()
 		if !compressed && e.word&l2StdReserved != 0 {
 			c.errorf("found l2 entry with reserved bits set: %x", e.word)
 		}
 		offset := e.word & l2OffsetMask
-		allocated := offset != 0 || (l.dataFile != nil && e.word&oflagCopied != 0)
+		allocated := e.allocated(l.external())
 		switch {
 		case compressed:
-			if e.word&oflagCopied != 0 {
+			if e.copied() {
 				coff, _ := l.compressedRange(l2Entry{word: e.word &^ oflagCopied})
 				c.errorf("coffset=%#x: copied flag must never be set for compressed clusters", coff)
 				e.word &^= oflagCopied
 			}
-			if l.dataFile != nil {
+			if l.external() {
 				c.errorf("compressed cluster %d with data file, entry=%#x", i/words, e.word)
 				continue
 			}
@@ -288,7 +283,7 @@ func (c *checker) checkL2(off int64, active bool) error {
 				}
 				nextContiguous = int64(offset) + cs
 			}
-			if l.dataFile == nil {
+			if !l.external() {
 				c.inc(int64(offset), cs)
 				if mm, err := l.metadata(); err == nil {
 					if r, ok := mm.Overlap(int64(offset), int64(offset)+cs); ok {
@@ -382,7 +377,7 @@ func (c *checker) compare() int64 {
 func (c *checker) checkCopied(active []uint64) error {
 	l := c.l
 	for i, e := range active {
-		l2 := int64(e & l1OffsetMask)
+		l2 := l1Entry(e).l2Offset()
 		if l2 == 0 {
 			continue
 		}
@@ -390,7 +385,7 @@ func (c *checker) checkCopied(active []uint64) error {
 		if err != nil {
 			continue
 		}
-		if (rc == 1) != (e&oflagCopied != 0) {
+		if (rc == 1) != l1Entry(e).copied() {
 			c.errorf("OFLAG_COPIED L2 cluster: l1_index=%d l1_entry=%x refcount=%d", i, e, rc)
 		}
 		t, err := c.readCluster(l2)
@@ -401,23 +396,22 @@ func (c *checker) checkCopied(active []uint64) error {
 		}
 		words := l.l2EntryWords()
 		for j := 0; j+words <= len(t); j += words {
-			w := t[j]
-			off := w & l2OffsetMask
-			if w&oflagCompressed != 0 {
+			e := l2Entry{word: t[j]}
+			off := e.hostOffset()
+			if e.compressed() {
 				continue
 			}
-			allocated := off != 0 || (l.dataFile != nil && w&oflagCopied != 0)
-			if !allocated || (!l.extendedL2 && w&oflagZero != 0 && off == 0) {
+			if !e.allocated(l.external()) || (!l.extendedL2 && e.word&oflagZero != 0 && off == 0) {
 				continue
 			}
 			rc := uint64(1)
-			if l.dataFile == nil {
-				if rc, err = l.refcount(int64(off) >> l.clusterBits); err != nil {
+			if !l.external() {
+				if rc, err = l.refcount(off >> l.clusterBits); err != nil {
 					continue
 				}
 			}
-			if (rc == 1) != (w&oflagCopied != 0) {
-				c.errorf("OFLAG_COPIED data cluster: l2_entry=%x refcount=%d", w, rc)
+			if (rc == 1) != e.copied() {
+				c.errorf("OFLAG_COPIED data cluster: l2_entry=%x refcount=%d", e.word, rc)
 			}
 		}
 	}

@@ -1,7 +1,6 @@
 package qcow2
 
 import (
-	"hash/maphash"
 	"sync"
 	"sync/atomic"
 )
@@ -19,20 +18,10 @@ const DefaultClusterCacheSize = 64 << 20
 // Buffers are recycled, so a reader must hold an entry (acquire/release)
 // while it copies out of it: an entry's state counts its holders, and its
 // buffer goes back to the pool only once it is both evicted and released
-// by its last holder. Lookups go through a sync.Map without a lock; the
-// per-shard CLOCK rings are guarded by their shard's mutex, taken on
-// insertion only.
+// by its last holder. Lookups and eviction are clockCache's.
 type clusterCache struct {
-	seed   maphash.Seed
-	m      sync.Map // clusterKey -> *clusterEntry
-	shards [cacheShards]clusterShard
-	pools  sync.Map // cluster size -> *sync.Pool of *[]byte
-}
-
-type clusterShard struct {
-	mu   sync.Mutex
-	ring clockRing[*clusterEntry]
-	_    [64]byte
+	entries clockCache[clusterKey, *clusterEntry]
+	pools   sync.Map // cluster size -> *sync.Pool of *[]byte
 }
 
 // clusterKey names a compressed cluster by layer and host offset of its
@@ -98,14 +87,12 @@ func (e *clusterEntry) recycle() {
 }
 
 func newClusterCache(size int64) *clusterCache {
-	c := &clusterCache{seed: maphash.MakeSeed()}
-	for i := range c.shards {
-		c.shards[i].ring.capacity = size / cacheShards
-	}
+	c := &clusterCache{}
+	c.entries.init(size, func(e *clusterEntry) clusterKey { return e.key })
 	return c
 }
 
-// buffer returns a recycled buffer of n bytes, or a new one.
+// pool returns the pool of recycled n-byte buffers.
 func (c *clusterCache) pool(n int) *sync.Pool {
 	if p, ok := c.pools.Load(n); ok {
 		return p.(*sync.Pool)
@@ -122,24 +109,20 @@ func (c *clusterCache) pool(n int) *sync.Pool {
 // is not cached.
 func (c *clusterCache) get(k clusterKey, size int, fill func(dst []byte) error) (*clusterEntry, error) {
 	for {
-		if v, ok := c.m.Load(k); ok {
-			e := v.(*clusterEntry)
+		if e, ok := c.entries.load(k); ok {
 			<-e.ready
 			if e.err != nil {
-				c.m.CompareAndDelete(k, e)
+				c.entries.unpublish(e)
 				return nil, e.err
 			}
 			if e.acquire() {
-				if !e.ref.Load() {
-					e.ref.Store(true)
-				}
 				return e, nil
 			}
 			continue // evicted meanwhile: look again
 		}
 		pool := c.pool(size)
 		e := &clusterEntry{key: k, ready: make(chan struct{}), pool: pool}
-		if _, loaded := c.m.LoadOrStore(k, e); loaded {
+		if _, loaded := c.entries.publish(k, e); loaded {
 			continue
 		}
 		e.buf = pool.Get().(*[]byte)
@@ -147,35 +130,22 @@ func (c *clusterCache) get(k clusterKey, size int, fill func(dst []byte) error) 
 		e.err = fill(*e.buf)
 		close(e.ready)
 		if e.err != nil {
-			c.m.CompareAndDelete(k, e)
+			c.entries.unpublish(e)
 			e.pool.Put(e.buf)
 			return nil, e.err
 		}
-		s := &c.shards[maphash.Comparable(c.seed, k)%cacheShards]
-		s.mu.Lock()
-		s.ring.add(e, c.forget)
-		s.mu.Unlock()
+		c.entries.admit(e, (*clusterEntry).evict)
 		return e, nil
 	}
 }
 
 // contains reports whether cluster k is cached or being filled.
 func (c *clusterCache) contains(k clusterKey) bool {
-	_, ok := c.m.Load(k)
+	_, ok := c.entries.m.Load(k)
 	return ok
-}
-
-func (c *clusterCache) forget(e *clusterEntry) {
-	c.m.CompareAndDelete(e.key, e)
-	e.evict()
 }
 
 // drop evicts every cluster of owner.
 func (c *clusterCache) drop(owner uint64) {
-	for i := range c.shards {
-		s := &c.shards[i]
-		s.mu.Lock()
-		s.ring.removeIf(func(e *clusterEntry) bool { return e.key.owner == owner }, c.forget)
-		s.mu.Unlock()
-	}
+	c.entries.removeIf(func(e *clusterEntry) bool { return e.key.owner == owner }, (*clusterEntry).evict)
 }

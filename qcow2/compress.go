@@ -35,12 +35,7 @@ import (
 // buffers come from pools.
 
 // compressedRange decodes the host byte range of a compressed entry.
-func (l *layer) compressedRange(e l2Entry) (off, size int64) {
-	x := 62 - (l.clusterBits - 8)
-	off = int64(e.word & (1<<x - 1))
-	sectors := int64((e.word>>x)&(1<<(l.clusterBits-8)-1)) + 1
-	return off, sectors*512 - off&511
-}
+func (l *layer) compressedRange(e l2Entry) (off, size int64) { return e.compressedRange(l.clusterBits) }
 
 // decompressor decompresses whole clusters of one layer, reusing decoder
 // state and input buffers through pools.
@@ -119,7 +114,7 @@ func (l *layer) compressedReader() *readahead.Reader {
 // inflate decompresses the compressed cluster e (found at entryOff) into
 // dst, one cluster long.
 func (l *layer) inflate(dst []byte, e l2Entry, entryOff int64) error {
-	if l.dataFile != nil {
+	if l.external() {
 		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
 			Msg: "compressed cluster in an image with an external data file"}
 	}
@@ -136,8 +131,13 @@ func (l *layer) inflate(dst []byte, e l2Entry, entryOff int64) error {
 	bp := d.inputs.Get().(*[]byte)
 	defer d.inputs.Put(bp)
 	src := (*bp)[:csize]
-	if _, err := l.compressedReader().ReadAt(src, coff); err != nil && err != io.EOF {
-		return fmt.Errorf("%s: reading compressed cluster at byte offset %d: %w", l.name, coff, err)
+	if n, err := l.compressedReader().ReadAt(src, coff); n < len(src) {
+		// The file shrank since it was opened: never inflate what the
+		// pooled buffer held before.
+		if err == nil || err == io.EOF {
+			err = ErrShortRead
+		}
+		return fmt.Errorf("%s: reading compressed cluster at byte offset %d (%d bytes, got %d): %w", l.name, coff, len(src), n, err)
 	}
 	l.inflates.Add(1)
 	if err := d.decompress(dst, src); err != nil {

@@ -3,7 +3,10 @@
 // It owns everything about the on-disk format and nothing about how the
 // image is served: there is no FUSE in this package. An opened [Image] is an
 // [io.ReaderAt] over the guest-visible (virtual) disk, with [Image.Size],
-// [Image.Extent] for block status, and [Image.Close].
+// [Image.Extent] for block status, [Image.NextData] and [Image.NextHole]
+// for lseek, and [Image.Close]. [Open] opens a local file; [NewImage] opens
+// any [HostFile] (a remote object, a buffer), with backing and data files
+// opened through an injected [Opener].
 //
 // The format is specified in qemu's docs/interop/qcow2.rst; names in this
 // package (L1, L2, refcount, cluster, subcluster, ...) follow it, and so do
@@ -12,14 +15,33 @@
 //
 // Files, one concept each:
 //
-//   - header.go: the header and its extensions, validated field by field.
-//   - l2.go: decoding L1 and L2 entries into cluster kinds.
-//   - cache.go: the bounded table cache shared by every image of a mount.
-//   - image.go: Open, the backing chain, ReadAt.
+//   - doc.go, errors.go: this overview; every sentinel error and error type.
+//   - hostfile.go: HostFile (the files an image is made of) and metaFile,
+//     the one type through which metadata is read, tables decoded once.
+//   - header.go: the header, its field table, validated field by field.
+//   - extensions.go: header extensions and the backing file name.
+//   - entries.go: L1 and L2 entry words and the rules that classify them.
+//   - mapping.go: the read side of the cluster mapping, guest offset to
+//     host offset through the L1 table and cached L2 tables.
+//   - clockring.go: the CLOCK (second chance) eviction ring.
+//   - clockcache.go: the sharded, lock-free-on-hit cache skeleton.
+//   - cache.go: the table cache shared by every image of a mount.
+//   - clustercache.go: the decompressed-cluster cache.
+//   - image.go: Options, Open and NewImage, the Image, ReadAt.
+//   - backing.go: building the backing chain (formats, depth, loops).
+//   - opener.go: the default opener of local backing and data files, with
+//     name resolution and confinement.
 //   - extent.go: block status (what a guest range is and where it lives).
-//   - compress.go: deflate and zstd compressed clusters.
-//   - backing.go: resolving and opening backing files.
-//   - info.go: the image summary printed by `qcowfs info`.
+//   - holes.go: the lseek hole index (NextData, NextHole, DataBytes).
+//   - stats.go: counters and allocated bytes.
+//   - compress.go, inflate_*.go: deflate and zstd compressed clusters.
+//   - refcount.go: reading refcounts; metadata preallocation detection.
+//   - metadata.go: the metadata map, for overlap checks.
+//   - snapshot.go: internal snapshots.
+//   - bitmap.go: persistent bitmaps (located, never used).
+//   - check.go: the image check, qemu-img check without repairs.
+//   - lock.go: qemu's OFD image locks.
+//   - info.go, map.go: what `qcowfs info` and `qcowfs map` print.
 //
 // Everything hangs off the opened Image; there is no package-level state.
 // An Image is safe for concurrent use by many goroutines.

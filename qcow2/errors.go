@@ -20,6 +20,16 @@ var (
 	// policy (a protocol prefix, a path outside the allowed folders, a
 	// loop in the chain, ...).
 	ErrRefused = errors.New("refused")
+	// ErrLocked means another process holds one of qemu's image locks
+	// that this one conflicts with. Every *LockError wraps it.
+	ErrLocked = errors.New("image is locked")
+	// ErrNoData is returned by NextData when there is no data at or
+	// after the offset (lseek's ENXIO).
+	ErrNoData = errors.New("no data after offset")
+	// ErrShortRead is wrapped by the error of a read that got fewer
+	// bytes than the file held when it was opened: the file shrank
+	// under us.
+	ErrShortRead = errors.New("short read: the file is shorter than when it was opened")
 )
 
 // A FormatError reports a malformed field: which file, which field (named as

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/qcowfs/qcowfs/fiemap"
 )
@@ -64,7 +63,7 @@ type Extent struct {
 	entryOff int64   // and its byte offset, for error messages
 }
 
-// HostFile returns the path of the file holding the extent's bytes when
+// HostFile returns the name of the file holding the extent's bytes when
 // Offset is meaningful, and "" otherwise.
 func (e *Extent) HostFile() string {
 	if e.Offset < 0 || e.layer == nil {
@@ -73,17 +72,22 @@ func (e *Extent) HostFile() string {
 	return e.layer.data().Name()
 }
 
-// Host returns the host file and offset holding the extent's bytes when
-// they are stored there as they are (data, not compressed) and lie wholly
-// inside the file, so a caller may read or splice them directly. ok is
-// false for everything else: zeros, compressed data, or a cluster cut
-// short by the end of the file (ReadAt fills its tail with zeros).
-func (e *Extent) Host() (f *os.File, off int64, ok bool) {
+// Host returns the file descriptor and offset holding the extent's bytes
+// when they are stored there as they are (data, not compressed), lie wholly
+// inside the file, and the file has a descriptor, so a caller may splice
+// them directly. ok is false for everything else: zeros, compressed data, a
+// cluster cut short by the end of the file (ReadAt fills its tail with
+// zeros), or a host file without a descriptor (a remote object).
+func (e *Extent) Host() (fd uintptr, off int64, ok bool) {
 	if e.layer == nil || e.Status&(StatusData|StatusCompressed) != StatusData ||
 		e.Offset < 0 || e.Offset+e.Length > e.layer.dataSize() {
-		return nil, 0, false
+		return 0, 0, false
 	}
-	return e.layer.data(), e.Offset, true
+	f, isFd := e.layer.data().(fdFile)
+	if !isFd {
+		return 0, 0, false
+	}
+	return f.Fd(), e.Offset, true
 }
 
 // Extent returns the extent that starts at off and is at most length bytes
@@ -163,7 +167,11 @@ func (l *layer) hostMap() *fiemap.Map {
 		// Sync: dirty pages in the image (qemu just wrote it) are
 		// written back first, so an unwritten extent is a hole for sure
 		// and answers do not depend on what the page cache holds.
-		if m, err := fiemap.New(l.data(), &fiemap.Options{Sync: true}); err == nil {
+		f := fileOf(l.data())
+		if f == nil {
+			return // not a local file: everything is data
+		}
+		if m, err := fiemap.New(f, &fiemap.Options{Sync: true}); err == nil {
 			l.host.Store(m)
 		}
 	})

@@ -56,7 +56,7 @@ func FuzzHeader(f *testing.F) {
 	}
 	f.Add([]byte("QFI\xfb"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		h, err := readHeader(bytes.NewReader(data), "fuzz", int64(len(data)))
+		h, err := readHeader(ReaderFile(bytes.NewReader(data), int64(len(data)), "fuzz"), int64(len(data)))
 		if err != nil {
 			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrNotQcow2) {
 				t.Fatalf("unclassified error: %v", err)
@@ -160,13 +160,13 @@ func FuzzL2Entry(f *testing.F) {
 		if extended && bits < 14 {
 			bits = 14
 		}
-		l := &layer{clusterBits: uint(bits), extendedL2: extended}
-		k, ok := l.subclusterKind(l2Entry{word: word, bitmap: bitmap}, int(sc%subclustersPerCluster))
+		e := l2Entry{word: word, bitmap: bitmap}
+		k, ok := e.subclusterKind(int(sc%subclustersPerCluster), extended, false)
 		if !ok {
 			return
 		}
 		if k == kindCompressed {
-			off, size := l.compressedRange(l2Entry{word: word})
+			off, size := l2Entry{word: word}.compressedRange(uint(bits))
 			if off < 0 || size <= 0 || size > 2<<bits {
 				t.Fatalf("compressed range %d, %d for cluster_bits %d", off, size, bits)
 			}
@@ -197,7 +197,7 @@ func FuzzSnapshotTable(f *testing.F) {
 		h := &Header{ClusterBits: 16, Size: 1 << 30, NbSnapshots: n % (maxSnapshots + 1)}
 		file := append(make([]byte, 65536), table...)
 		h.SnapshotsOffset = 65536
-		snaps, _, err := readSnapshots(bytes.NewReader(file), "fuzz", h, int64(len(file)))
+		snaps, _, err := readSnapshots(&metaFile{f: ReaderFile(bytes.NewReader(file), int64(len(file)), "fuzz"), size: int64(len(file)), clusterSize: h.ClusterSize()}, h)
 		if err != nil {
 			return
 		}

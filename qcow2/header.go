@@ -1,10 +1,8 @@
 package qcow2
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
-	"io"
 	"strings"
 )
 
@@ -144,77 +142,133 @@ func (h *Header) featureName(typ, bit uint8) string {
 	return fmt.Sprintf("bit %d", bit)
 }
 
+// headerField is one field of the fixed header (specification, "Header"):
+// its name as the specification spells it, its byte offset and its width.
+// The parser reads every field through this table, errors take the field's
+// name and offset from it, and a header encoder writes through it, so an
+// offset is written down once.
+type headerField struct {
+	name  string
+	off   int64
+	width int // bytes: 1, 4 or 8
+}
+
+var (
+	fieldMagic                 = headerField{"magic", 0, 4}
+	fieldVersion               = headerField{"version", 4, 4}
+	fieldBackingFileOffset     = headerField{"backing_file_offset", 8, 8}
+	fieldBackingFileSize       = headerField{"backing_file_size", 16, 4}
+	fieldClusterBits           = headerField{"cluster_bits", 20, 4}
+	fieldSize                  = headerField{"size", 24, 8}
+	fieldCryptMethod           = headerField{"crypt_method", 32, 4}
+	fieldL1Size                = headerField{"l1_size", 36, 4}
+	fieldL1TableOffset         = headerField{"l1_table_offset", 40, 8}
+	fieldRefcountTableOffset   = headerField{"refcount_table_offset", 48, 8}
+	fieldRefcountTableClusters = headerField{"refcount_table_clusters", 56, 4}
+	fieldNbSnapshots           = headerField{"nb_snapshots", 60, 4}
+	fieldSnapshotsOffset       = headerField{"snapshots_offset", 64, 8}
+	// Version 3 only.
+	fieldIncompatibleFeatures = headerField{"incompatible_features", 72, 8}
+	fieldCompatibleFeatures   = headerField{"compatible_features", 80, 8}
+	fieldAutoclearFeatures    = headerField{"autoclear_features", 88, 8}
+	fieldRefcountOrder        = headerField{"refcount_order", 96, 4}
+	fieldHeaderLength         = headerField{"header_length", 100, 4}
+	// Optional, present when header_length > 104.
+	fieldCompressionType = headerField{"compression_type", 104, 1}
+)
+
+// get reads the field from a header buffer that holds it.
+func (f headerField) get(b []byte) uint64 {
+	switch f.width {
+	case 1:
+		return uint64(b[f.off])
+	case 4:
+		return uint64(binary.BigEndian.Uint32(b[f.off:]))
+	default:
+		return binary.BigEndian.Uint64(b[f.off:])
+	}
+}
+
+// put writes v into the field of a header buffer.
+func (f headerField) put(b []byte, v uint64) {
+	switch f.width {
+	case 1:
+		b[f.off] = byte(v)
+	case 4:
+		binary.BigEndian.PutUint32(b[f.off:], uint32(v))
+	default:
+		binary.BigEndian.PutUint64(b[f.off:], v)
+	}
+}
+
 // headerReader parses and validates the header of one file. Each field is
 // checked where it is read; errors name the file, field, value and offset.
 type headerReader struct {
-	ra       io.ReaderAt
+	f        HostFile
 	file     string
 	fileSize int64
 	buf      []byte // the first cluster (or the whole file if shorter)
 }
 
-func (r *headerReader) bad(field string, val uint64, off int64, format string, args ...any) error {
+func (r *headerReader) bad(f headerField, val uint64, format string, args ...any) error {
+	return r.badAt(f.name, val, f.off, format, args...)
+}
+
+func (r *headerReader) badAt(field string, val uint64, off int64, format string, args ...any) error {
 	return &FormatError{File: r.file, Field: field, Value: val, Offset: off, Msg: fmt.Sprintf(format, args...)}
 }
 
 // read fills r.buf with the first n bytes of the file (fewer if it is
 // shorter).
 func (r *headerReader) read(n int64) error {
-	if r.fileSize < n {
-		n = r.fileSize
-	}
+	n = min(n, r.fileSize)
 	r.buf = make([]byte, n)
-	got, err := r.ra.ReadAt(r.buf, 0)
-	if err != nil && err != io.EOF {
-		return fmt.Errorf("%s: reading header: %w", r.file, err)
-	}
-	r.buf = r.buf[:got]
-	return nil
+	return readFull(r.f, r.buf, 0, "header")
 }
 
-func (r *headerReader) u32(off int) uint32 { return binary.BigEndian.Uint32(r.buf[off:]) }
-func (r *headerReader) u64(off int) uint64 { return binary.BigEndian.Uint64(r.buf[off:]) }
+func (r *headerReader) u32(off int64) uint32 { return binary.BigEndian.Uint32(r.buf[off:]) }
 
-// readHeader reads and validates the header of the image in ra, a file of
-// fileSize bytes named name (for messages).
-func readHeader(ra io.ReaderAt, name string, fileSize int64) (*Header, error) {
-	r := &headerReader{ra: ra, file: name, fileSize: fileSize}
+// readHeader reads and validates the header of the image in f, a file of
+// fileSize bytes.
+func readHeader(f HostFile, fileSize int64) (*Header, error) {
+	r := &headerReader{f: f, file: f.Name(), fileSize: fileSize}
 	// The header, its extensions and the backing file name all live in
 	// the first cluster: read 4 KiB, then the rest of the cluster once
 	// cluster_bits is known.
 	if err := r.read(4096); err != nil {
 		return nil, err
 	}
-	if len(r.buf) < 4 || binary.BigEndian.Uint32(r.buf) != Magic {
-		return nil, fmt.Errorf("%s: %w", name, ErrNotQcow2)
+	if len(r.buf) < 4 || fieldMagic.get(r.buf) != Magic {
+		return nil, fmt.Errorf("%s: %w", r.file, ErrNotQcow2)
 	}
 	if len(r.buf) >= v2HeaderLen {
-		if bits := r.u32(20); bits >= minClusterBits && bits <= maxClusterBits && 1<<bits > len(r.buf) {
+		if bits := fieldClusterBits.get(r.buf); bits >= minClusterBits && bits <= maxClusterBits && 1<<bits > len(r.buf) {
 			if err := r.read(1 << bits); err != nil {
 				return nil, err
 			}
 		}
 	}
 	if len(r.buf) < v2HeaderLen {
-		return nil, r.bad("header", uint64(len(r.buf)), 0, "file is %d bytes, shorter than a version 2 header (%d)", len(r.buf), v2HeaderLen)
+		return nil, r.badAt("header", uint64(len(r.buf)), 0, "file is %d bytes, shorter than a version 2 header (%d)", len(r.buf), v2HeaderLen)
 	}
 	return r.parse()
 }
 
 func (r *headerReader) parse() (*Header, error) {
+	b := r.buf
 	h := &Header{
-		Version:               r.u32(4),
-		BackingFileOffset:     r.u64(8),
-		BackingFileSize:       r.u32(16),
-		ClusterBits:           r.u32(20),
-		Size:                  r.u64(24),
-		CryptMethod:           r.u32(32),
-		L1Size:                r.u32(36),
-		L1TableOffset:         r.u64(40),
-		RefcountTableOffset:   r.u64(48),
-		RefcountTableClusters: r.u32(56),
-		NbSnapshots:           r.u32(60),
-		SnapshotsOffset:       r.u64(64),
+		Version:               uint32(fieldVersion.get(b)),
+		BackingFileOffset:     fieldBackingFileOffset.get(b),
+		BackingFileSize:       uint32(fieldBackingFileSize.get(b)),
+		ClusterBits:           uint32(fieldClusterBits.get(b)),
+		Size:                  fieldSize.get(b),
+		CryptMethod:           uint32(fieldCryptMethod.get(b)),
+		L1Size:                uint32(fieldL1Size.get(b)),
+		L1TableOffset:         fieldL1TableOffset.get(b),
+		RefcountTableOffset:   fieldRefcountTableOffset.get(b),
+		RefcountTableClusters: uint32(fieldRefcountTableClusters.get(b)),
+		NbSnapshots:           uint32(fieldNbSnapshots.get(b)),
+		SnapshotsOffset:       fieldSnapshotsOffset.get(b),
 		RefcountOrder:         4,
 		HeaderLength:          v2HeaderLen,
 	}
@@ -222,30 +276,30 @@ func (r *headerReader) parse() (*Header, error) {
 		return nil, &UnsupportedError{File: r.file, Feature: fmt.Sprintf("qcow2 version %d", h.Version)}
 	}
 	if h.ClusterBits < minClusterBits || h.ClusterBits > maxClusterBits {
-		return nil, r.bad("cluster_bits", uint64(h.ClusterBits), 20, "must be between %d and %d", minClusterBits, maxClusterBits)
+		return nil, r.bad(fieldClusterBits, uint64(h.ClusterBits), "must be between %d and %d", minClusterBits, maxClusterBits)
 	}
 	clusterSize := h.ClusterSize()
 
 	if h.Version == 3 {
-		if len(r.buf) < v3HeaderLen {
-			return nil, r.bad("header_length", uint64(len(r.buf)), 100, "file too short for a version 3 header")
+		if len(b) < v3HeaderLen {
+			return nil, r.bad(fieldHeaderLength, uint64(len(b)), "file too short for a version 3 header")
 		}
-		h.IncompatibleFeatures = r.u64(72)
-		h.CompatibleFeatures = r.u64(80)
-		h.AutoclearFeatures = r.u64(88)
-		h.RefcountOrder = r.u32(96)
-		h.HeaderLength = r.u32(100)
+		h.IncompatibleFeatures = fieldIncompatibleFeatures.get(b)
+		h.CompatibleFeatures = fieldCompatibleFeatures.get(b)
+		h.AutoclearFeatures = fieldAutoclearFeatures.get(b)
+		h.RefcountOrder = uint32(fieldRefcountOrder.get(b))
+		h.HeaderLength = uint32(fieldHeaderLength.get(b))
 		if h.HeaderLength < v3HeaderLen || h.HeaderLength%8 != 0 || int64(h.HeaderLength) > clusterSize {
-			return nil, r.bad("header_length", uint64(h.HeaderLength), 100, "must be at least %d, a multiple of 8 and at most the cluster size", v3HeaderLen)
+			return nil, r.bad(fieldHeaderLength, uint64(h.HeaderLength), "must be at least %d, a multiple of 8 and at most the cluster size", v3HeaderLen)
 		}
-		if int(h.HeaderLength) > len(r.buf) {
-			return nil, r.bad("header_length", uint64(h.HeaderLength), 100, "runs past the end of the file (%d bytes)", r.fileSize)
+		if int(h.HeaderLength) > len(b) {
+			return nil, r.bad(fieldHeaderLength, uint64(h.HeaderLength), "runs past the end of the file (%d bytes)", r.fileSize)
 		}
 		if h.RefcountOrder > maxRefcountOrder {
-			return nil, r.bad("refcount_order", uint64(h.RefcountOrder), 96, "must be at most %d", maxRefcountOrder)
+			return nil, r.bad(fieldRefcountOrder, uint64(h.RefcountOrder), "must be at most %d", maxRefcountOrder)
 		}
 		if h.HeaderLength > v3HeaderLen {
-			h.CompressionType = r.buf[104]
+			h.CompressionType = uint8(fieldCompressionType.get(b))
 		}
 	}
 
@@ -267,15 +321,15 @@ func (r *headerReader) parse() (*Header, error) {
 	hasCompressionBit := h.IncompatibleFeatures&IncompatCompressionType != 0
 	switch {
 	case h.CompressionType > compressionZstd:
-		return nil, r.bad("compression_type", uint64(h.CompressionType), 104, "unknown compression type")
+		return nil, r.bad(fieldCompressionType, uint64(h.CompressionType), "unknown compression type")
 	case (h.CompressionType != compressionDeflate) != hasCompressionBit:
-		return nil, r.bad("compression_type", uint64(h.CompressionType), 104, "must be non-zero exactly when incompatible bit 3 is set (incompatible_features %#x)", h.IncompatibleFeatures)
+		return nil, r.bad(fieldCompressionType, uint64(h.CompressionType), "must be non-zero exactly when incompatible bit 3 is set (incompatible_features %#x)", h.IncompatibleFeatures)
 	}
 	if h.ExtendedL2() && h.ClusterBits < 14 {
-		return nil, r.bad("cluster_bits", uint64(h.ClusterBits), 20, "extended L2 entries need clusters of at least 16 KiB")
+		return nil, r.bad(fieldClusterBits, uint64(h.ClusterBits), "extended L2 entries need clusters of at least 16 KiB")
 	}
 	if h.IncompatibleFeatures&IncompatExternalData != 0 && h.DataFile == "" {
-		return nil, r.bad("incompatible_features", h.IncompatibleFeatures, 72, "external data file bit set but no data file name extension")
+		return nil, r.bad(fieldIncompatibleFeatures, h.IncompatibleFeatures, "external data file bit set but no data file name extension")
 	}
 	if h.IncompatibleFeatures&IncompatExternalData == 0 && h.AutoclearFeatures&AutoclearDataFileRaw != 0 {
 		// qemu clears this autoclear bit when there is no data file;
@@ -290,7 +344,7 @@ func (r *headerReader) parse() (*Header, error) {
 	case cryptLUKS:
 		return nil, &UnsupportedError{File: r.file, Feature: "encrypted (luks)"}
 	default:
-		return nil, r.bad("crypt_method", uint64(h.CryptMethod), 32, "unknown encryption method")
+		return nil, r.bad(fieldCryptMethod, uint64(h.CryptMethod), "unknown encryption method")
 	}
 
 	if err := r.checkTables(h); err != nil {
@@ -315,33 +369,33 @@ func (r *headerReader) checkTables(h *Header) error {
 	l1Span := l2Entries * cs
 
 	if h.Size > 1<<62 {
-		return r.bad("size", h.Size, 24, "virtual size too large")
+		return r.bad(fieldSize, h.Size, "virtual size too large")
 	}
 	needL1 := (h.Size + l1Span - 1) / l1Span
 	if needL1 > maxL1Bytes/8 {
-		return r.bad("size", h.Size, 24, "image too big: it needs %d L1 entries, more than the %d qemu allows", needL1, maxL1Bytes/8)
+		return r.bad(fieldSize, h.Size, "image too big: it needs %d L1 entries, more than the %d qemu allows", needL1, maxL1Bytes/8)
 	}
 	if uint64(h.L1Size) < needL1 {
-		return r.bad("l1_size", uint64(h.L1Size), 36, "L1 table too small: %d entries needed for virtual size %d", needL1, h.Size)
+		return r.bad(fieldL1Size, uint64(h.L1Size), "L1 table too small: %d entries needed for virtual size %d", needL1, h.Size)
 	}
 	if uint64(h.L1Size)*8 > maxL1Bytes {
-		return r.bad("l1_size", uint64(h.L1Size), 36, "L1 table larger than %d bytes", maxL1Bytes)
+		return r.bad(fieldL1Size, uint64(h.L1Size), "L1 table larger than %d bytes", maxL1Bytes)
 	}
-	if err := r.checkRange(h, "l1_table_offset", 40, h.L1TableOffset, uint64(h.L1Size)*8); err != nil {
+	if err := r.checkRange(h, fieldL1TableOffset, h.L1TableOffset, uint64(h.L1Size)*8); err != nil {
 		return err
 	}
 	if uint64(h.RefcountTableClusters)*cs > maxRefcountTableBytes {
-		return r.bad("refcount_table_clusters", uint64(h.RefcountTableClusters), 56, "refcount table larger than %d bytes", maxRefcountTableBytes)
+		return r.bad(fieldRefcountTableClusters, uint64(h.RefcountTableClusters), "refcount table larger than %d bytes", maxRefcountTableBytes)
 	}
 	if h.RefcountTableClusters > 0 || h.RefcountTableOffset != 0 {
-		if err := r.checkRange(h, "refcount_table_offset", 48, h.RefcountTableOffset, uint64(h.RefcountTableClusters)*cs); err != nil {
+		if err := r.checkRange(h, fieldRefcountTableOffset, h.RefcountTableOffset, uint64(h.RefcountTableClusters)*cs); err != nil {
 			return err
 		}
 	}
 	if h.NbSnapshots > maxSnapshots {
-		return r.bad("nb_snapshots", uint64(h.NbSnapshots), 60, "more than %d snapshots", maxSnapshots)
+		return r.bad(fieldNbSnapshots, uint64(h.NbSnapshots), "more than %d snapshots", maxSnapshots)
 	}
-	if err := r.checkRange(h, "snapshots_offset", 64, h.SnapshotsOffset, 0); err != nil {
+	if err := r.checkRange(h, fieldSnapshotsOffset, h.SnapshotsOffset, 0); err != nil {
 		return err
 	}
 	return nil
@@ -349,98 +403,15 @@ func (r *headerReader) checkTables(h *Header) error {
 
 // checkRange checks that a table offset is cluster aligned and that
 // [off, off+length) lies inside the file. An empty table may have offset 0.
-func (r *headerReader) checkRange(h *Header, field string, fieldOff int64, off, length uint64) error {
+func (r *headerReader) checkRange(h *Header, f headerField, off, length uint64) error {
 	if off%uint64(h.ClusterSize()) != 0 {
-		return r.bad(field, off, fieldOff, "not aligned to the cluster size (%d)", h.ClusterSize())
+		return r.bad(f, off, "not aligned to the cluster size (%d)", h.ClusterSize())
 	}
 	if length == 0 {
 		return nil
 	}
 	if off >= uint64(r.fileSize) || length > uint64(r.fileSize)-off {
-		return r.bad(field, off, fieldOff, "table of %d bytes runs past the end of the file (%d bytes)", length, r.fileSize)
+		return r.bad(f, off, "table of %d bytes runs past the end of the file (%d bytes)", length, r.fileSize)
 	}
-	return nil
-}
-
-// parseExtensions walks the header extensions (specification, "Header
-// extensions"). They end at the first end-of-extensions marker, at the
-// backing file name, or at the end of the first cluster.
-func (r *headerReader) parseExtensions(h *Header) error {
-	start := int64(h.HeaderLength)
-	end := h.ClusterSize()
-	if h.BackingFileOffset != 0 && int64(h.BackingFileOffset) < end && int64(h.BackingFileOffset) >= start {
-		end = int64(h.BackingFileOffset)
-	}
-	if end > int64(len(r.buf)) {
-		end = int64(len(r.buf))
-	}
-	for off := start; off+8 <= end; {
-		typ := r.u32(int(off))
-		length := int64(r.u32(int(off + 4)))
-		if typ == extEnd {
-			return nil
-		}
-		data := off + 8
-		if length > end-data {
-			return r.bad("header extension length", uint64(length), off+4, "extension %#x runs past the end of the extension area (byte %d)", typ, end)
-		}
-		body := r.buf[data : data+length]
-		switch typ {
-		case extBackingFormat:
-			if length > 15 {
-				return r.bad("backing file format", uint64(length), off+4, "name longer than 15 bytes")
-			}
-			h.BackingFormat = string(bytes.TrimRight(body, "\x00"))
-		case extFeatureTable:
-			for i := int64(0); i+featureTableEntryBytes <= length; i += featureTableEntryBytes {
-				e := body[i : i+featureTableEntryBytes]
-				name := e[2:]
-				if j := bytes.IndexByte(name, 0); j >= 0 {
-					name = name[:j]
-				}
-				h.FeatureNames = append(h.FeatureNames, FeatureName{Type: e[0], Bit: e[1], Name: string(name)})
-			}
-		case extBitmaps:
-			if length < 24 {
-				return r.bad("bitmaps extension length", uint64(length), off+4, "shorter than 24 bytes")
-			}
-			h.HasBitmaps = true
-			h.Bitmaps = BitmapsExtension{
-				NbBitmaps:       binary.BigEndian.Uint32(body),
-				DirectorySize:   binary.BigEndian.Uint64(body[8:]),
-				DirectoryOffset: binary.BigEndian.Uint64(body[16:]),
-			}
-		case extCryptoHeader:
-			h.CryptoHeaderFound = true
-		case extDataFile:
-			if length == 0 || length > maxBackingNameLen {
-				return r.bad("data file name length", uint64(length), off+4, "must be between 1 and %d", maxBackingNameLen)
-			}
-			h.DataFile = string(body)
-		}
-		off = data + (length+7)&^7
-	}
-	return nil
-}
-
-// readBackingName reads the backing file name, which is stored without a
-// terminating NUL at backing_file_offset.
-func (r *headerReader) readBackingName(h *Header) error {
-	if h.BackingFileOffset == 0 || h.BackingFileSize == 0 {
-		// Like qemu: an empty name means no backing file.
-		return nil
-	}
-	if h.BackingFileSize > maxBackingNameLen {
-		return r.bad("backing_file_size", uint64(h.BackingFileSize), 16, "must be at most %d", maxBackingNameLen)
-	}
-	// qemu refuses a name that does not lie in the first cluster.
-	end := h.BackingFileOffset + uint64(h.BackingFileSize)
-	if h.BackingFileOffset < uint64(h.HeaderLength) || end > uint64(h.ClusterSize()) {
-		return r.bad("backing_file_offset", h.BackingFileOffset, 8, "backing file name (%d bytes) must lie in the first cluster, after the header", h.BackingFileSize)
-	}
-	if end > uint64(len(r.buf)) {
-		return r.bad("backing_file_offset", h.BackingFileOffset, 8, "backing file name runs past the end of the file")
-	}
-	h.BackingFile = string(r.buf[h.BackingFileOffset:end])
 	return nil
 }

@@ -1,11 +1,8 @@
 package qcow2
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sync"
 	"sync/atomic"
 
@@ -13,16 +10,20 @@ import (
 	"github.com/qcowfs/qcowfs/readahead"
 )
 
-// Options configure Open. The zero value is usable.
+// Options configure Open and NewImage. The zero value is usable.
 type Options struct {
 	// Cache holds L2 tables. Share one Cache between all images of a
 	// mount to bound the memory of all of them together. Nil means a
 	// private cache of DefaultCacheSize bytes.
 	Cache *Cache
 
-	// AllowedDirs confines backing and data files: when non-empty, a
+	// Opener opens the backing and data files an image names. Nil means
+	// the local file system, confined to AllowedDirs (LocalOpener).
+	Opener Opener
+
+	// AllowedDirs confines the default opener: when non-empty, a
 	// referenced file must resolve (after symlinks) to a path inside one
-	// of these folders, or Open fails with ErrRefused.
+	// of these folders, or the open fails with ErrRefused.
 	AllowedDirs []string
 
 	// MaxChainDepth limits the number of backing files below the image.
@@ -65,16 +66,17 @@ type Image struct {
 	cache *Cache
 
 	indexOnce sync.Once
-	idx       *statusIndex // see status.go
+	idx       *holeIndex // see holes.go
 	snapshots []Snapshot
 }
 
 // layer is one file of a backing chain: a qcow2 image or a raw file.
 // Everything in a layer is set at open and read-only afterwards, except
-// the cache, which has its own locking.
+// the cache, which has its own locking, and what is built lazily.
 type layer struct {
-	name     string   // path as opened (relative to the caller's cwd)
-	file     *os.File // the image file itself
+	name     string   // the file's name, as its HostFile gives it
+	file     HostFile // the image file itself
+	meta     metaFile // metadata reads of file
 	fileSize int64
 	size     int64 // virtual size in bytes
 	depth    int   // 0 for the top image
@@ -85,16 +87,15 @@ type layer struct {
 
 	// Set for qcow2 layers only.
 	hdr           *Header
-	dataFile      *os.File // external data file; nil when clusters live in file
+	dataFile      HostFile // external data file; nil when clusters live in file
 	dataFileSize  int64
 	clusterBits   uint
 	l2Bits        uint // log2 of entries per L2 table
 	scBits        uint // log2 of the subcluster size (= clusterBits without extended L2)
 	extendedL2    bool
-	l1            []uint64
-	l1Offset      int64      // where l1 was read from: the header's or a snapshot's
-	snapshots     []Snapshot // the top layer's snapshot table
-	snapTableSize int64      // and its size in bytes
+	l1            atomic.Pointer[l1Table] // the header's or a snapshot's
+	snapshots     []Snapshot              // the top layer's snapshot table
+	snapTableSize int64                   // and its size in bytes
 	cache         *Cache
 	owner         uint64
 	decomp        *decompressor
@@ -115,20 +116,39 @@ type layer struct {
 
 	// The metadata map (metadata.go), built on first use.
 	metaOnce sync.Once
-	meta     *MetadataMap
+	metaMap  *MetadataMap
 	metaErr  error
 }
 
-// Open opens the qcow2 image at path and its whole backing chain.
+// Open opens the qcow2 image at path and its whole backing chain, from the
+// local file system.
 func Open(path string, opts Options) (*Image, error) {
+	f, err := OpenFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return NewImage(f, opts)
+}
+
+// NewImage reads the qcow2 image in f and opens its backing chain through
+// opts.Opener. The Image owns f: Close closes it, and so does a failed
+// NewImage.
+func NewImage(f HostFile, opts Options) (*Image, error) {
 	if opts.Cache == nil {
 		opts.Cache = NewCache(DefaultCacheSize, DefaultClusterCacheSize)
 	}
 	if opts.MaxChainDepth <= 0 {
 		opts.MaxChainDepth = DefaultMaxChainDepth
 	}
-	o := &opener{opts: opts, seen: map[fileID]string{}}
-	top, err := o.openQcow2(path, 0)
+	if opts.Opener == nil {
+		opts.Opener = &LocalOpener{AllowedDirs: opts.AllowedDirs}
+	}
+	c := &chain{opts: opts, seen: map[any]string{}}
+	if err := c.visit(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	top, err := c.openQcow2(f, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -141,47 +161,53 @@ func (img *Image) Size() int64 { return img.top.size }
 // Header returns the image's parsed header. It must not be modified.
 func (img *Image) Header() *Header { return img.top.hdr }
 
-// Name returns the path the image was opened with.
+// Name returns the name of the image file.
 func (img *Image) Name() string { return img.top.name }
 
-// File returns the image file. It must not be closed or written.
-func (img *Image) File() *os.File { return img.top.file }
+// File returns the image file. It must not be closed.
+func (img *Image) File() HostFile { return img.top.file }
 
 // Close closes every file of the chain and drops its cached tables.
 func (img *Image) Close() error {
 	var first error
 	for l := img.top; l != nil; l = l.backing {
-		if l.owner != 0 {
-			img.cache.drop(l.owner)
-		}
-		if m := l.host.Load(); m != nil {
-			m.Close()
-		}
-		if ra := l.ra.Load(); ra != nil {
-			ra.Close()
-		}
-		if l.owner != 0 {
-			img.cache.clusters.drop(l.owner)
-		}
-		if err := l.file.Close(); err != nil && first == nil {
+		if err := l.close(); err != nil && first == nil {
 			first = err
 		}
-		if l.dataFile != nil {
-			if err := l.dataFile.Close(); err != nil && first == nil {
-				first = err
-			}
+	}
+	return first
+}
+
+// close releases what one layer holds: its cached tables and clusters, its
+// host-hole map and readahead buffer, and its files.
+func (l *layer) close() error {
+	if l.owner != 0 {
+		l.cache.drop(l.owner)
+		l.cache.clusters.drop(l.owner)
+	}
+	if m := l.host.Load(); m != nil {
+		m.Close()
+	}
+	if ra := l.ra.Load(); ra != nil {
+		ra.Close()
+	}
+	first := l.file.Close()
+	if l.dataFile != nil {
+		if err := l.dataFile.Close(); err != nil && first == nil {
+			first = err
 		}
 	}
 	return first
 }
 
 // newQcow2Layer reads the header and L1 table of the qcow2 file f.
-func newQcow2Layer(f *os.File, name string, depth int, opts *Options) (*layer, error) {
-	st, err := f.Stat()
+func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
+	name := f.Name()
+	size, err := f.Size()
 	if err != nil {
 		return nil, err
 	}
-	h, err := readHeader(f, name, st.Size())
+	h, err := readHeader(f, size)
 	if err != nil {
 		return nil, err
 	}
@@ -191,7 +217,8 @@ func newQcow2Layer(f *os.File, name string, depth int, opts *Options) (*layer, e
 	l := &layer{
 		name:        name,
 		file:        f,
-		fileSize:    st.Size(),
+		meta:        metaFile{f: f, size: size, clusterSize: h.ClusterSize()},
+		fileSize:    size,
 		size:        int64(h.Size),
 		depth:       depth,
 		hdr:         h,
@@ -200,17 +227,15 @@ func newQcow2Layer(f *os.File, name string, depth int, opts *Options) (*layer, e
 		cache:       opts.Cache,
 		owner:       opts.Cache.newOwner(),
 	}
-	entryBits := uint(3)
 	l.scBits = l.clusterBits
 	if l.extendedL2 {
-		entryBits = 4
 		l.scBits = l.clusterBits - 5
 	}
-	l.l2Bits = l.clusterBits - entryBits
+	l.l2Bits = l.clusterBits - uint(l.l2EntryBits())
 	l.decomp = newDecompressor(h.CompressionType, l.clusterSize())
 
 	if depth == 0 {
-		if l.snapshots, l.snapTableSize, err = readSnapshots(f, name, h, l.fileSize); err != nil {
+		if l.snapshots, l.snapTableSize, err = readSnapshots(&l.meta, h); err != nil {
 			return nil, err
 		}
 	}
@@ -234,33 +259,60 @@ func newQcow2Layer(f *os.File, name string, depth int, opts *Options) (*layer, e
 // inside the file, so that a bad entry is refused at open rather than
 // found by a read.
 func (l *layer) loadL1(l1Off int64, l1Size uint32, check bool) error {
-	buf := make([]byte, int(l1Size)*8)
-	if _, err := l.file.ReadAt(buf, l1Off); err != nil {
-		return fmt.Errorf("%s: reading L1 table at byte offset %d: %w", l.name, l1Off, err)
+	entries, err := l.meta.words(l1Off, int64(l1Size), "L1 table")
+	if err != nil {
+		return err
+	}
+	t := &l1Table{off: l1Off, entries: entries}
+	if check {
+		for i := range t.len() {
+			if err := l.checkL1Entry(t, i); err != nil {
+				return err
+			}
+		}
+	}
+	l.l1.Store(t)
+	return nil
+}
+
+// checkL1Entry checks that entry i of t points to an L2 table that is
+// cluster aligned and lies inside the file.
+func (l *layer) checkL1Entry(t *l1Table, i int64) error {
+	e := t.entry(i)
+	off := e.l2Offset()
+	if off == 0 {
+		return nil
 	}
 	cs := l.clusterSize()
-	l.l1 = make([]uint64, l1Size)
-	l.l1Offset = l1Off
-	for i := range l.l1 {
-		e := binary.BigEndian.Uint64(buf[i*8:])
-		l.l1[i] = e
-		off := int64(e & l1OffsetMask)
-		if off == 0 || !check {
-			continue
-		}
-		if off&(cs-1) != 0 {
-			return &FormatError{File: l.name, Field: "L1 entry", Value: e, Offset: l1Off + int64(i)*8,
-				Msg: fmt.Sprintf("L2 table offset %#x is not cluster aligned", off)}
-		}
-		if off > l.fileSize-cs {
-			return &FormatError{File: l.name, Field: "L1 entry", Value: e, Offset: l1Off + int64(i)*8,
-				Msg: fmt.Sprintf("L2 table at %#x runs past the end of the file (%d bytes)", off, l.fileSize)}
-		}
+	if off&(cs-1) != 0 {
+		return &FormatError{File: l.name, Field: "L1 entry", Value: uint64(e), Offset: t.off + 8*i,
+			Msg: fmt.Sprintf("L2 table offset %#x is not cluster aligned", off)}
+	}
+	if off > l.fileSize-cs {
+		return &FormatError{File: l.name, Field: "L1 entry", Value: uint64(e), Offset: t.off + 8*i,
+			Msg: fmt.Sprintf("L2 table at %#x runs past the end of the file (%d bytes)", off, l.fileSize)}
 	}
 	return nil
 }
 
 func (l *layer) clusterSize() int64 { return 1 << l.clusterBits }
+
+// l2EntryBits is log2 of the size of one L2 entry in bytes: 4 (16 bytes)
+// with extended L2 entries, else 3.
+func (l *layer) l2EntryBits() int {
+	if l.extendedL2 {
+		return 4
+	}
+	return 3
+}
+
+// l2EntryWords is the size of one L2 entry in 64-bit words: 2 with
+// extended L2 entries (the entry and its subcluster bitmap), else 1.
+func (l *layer) l2EntryWords() int { return 1 << (l.l2EntryBits() - 3) }
+
+// external reports whether the layer's clusters live in an external data
+// file.
+func (l *layer) external() bool { return l.dataFile != nil }
 
 // dataSize is the size of the file holding the layer's clusters.
 func (l *layer) dataSize() int64 {
@@ -271,7 +323,7 @@ func (l *layer) dataSize() int64 {
 }
 
 // data returns the file holding the layer's clusters.
-func (l *layer) data() *os.File {
+func (l *layer) data() HostFile {
 	if l.dataFile != nil {
 		return l.dataFile
 	}
@@ -363,8 +415,10 @@ func (e *Extent) read(p []byte) error {
 
 // readHost reads p from the layer's data file at host offset off. Like
 // qemu's file driver, bytes of a cluster that lie past the end of the file
-// read as zeros; a run that starts past the end is corruption, caught by
-// lookup.
+// (as it was at open) read as zeros; a run that starts past the end is
+// corruption, caught by lookup. Everything before that end must be read:
+// a file that shrank since is an error, not a reason to serve whatever the
+// buffer held.
 func (l *layer) readHost(p []byte, off int64) error {
 	f, size := l.data(), l.dataSize()
 	n := len(p)
@@ -374,8 +428,8 @@ func (l *layer) readHost(p []byte, off int64) error {
 		n = int(size - off)
 	}
 	if n > 0 {
-		if _, err := f.ReadAt(p[:n], off); err != nil && !errors.Is(err, io.EOF) {
-			return fmt.Errorf("%s: reading %d bytes at byte offset %d: %w", f.Name(), n, off, err)
+		if err := readFull(f, p[:n], off, "guest data"); err != nil {
+			return err
 		}
 	}
 	clear(p[n:])

@@ -1,9 +1,5 @@
 package qcow2
 
-import (
-	"syscall"
-)
-
 // Info is the summary `qemu-img info --output=json` prints for a qcow2
 // image, with the same JSON field names, so scripts written for qemu-img
 // read it unchanged.
@@ -69,10 +65,7 @@ func (img *Image) Info() Info {
 			RefcountBits:    1 << h.RefcountOrder,
 		}},
 	}
-	var st syscall.Stat_t
-	if syscall.Fstat(int(l.file.Fd()), &st) == nil {
-		info.ActualSize = st.Blocks * 512
-	}
+	info.ActualSize = allocatedBytes(l.file)
 	if h.BackingFile != "" {
 		info.BackingFilename = h.BackingFile
 		info.FullBackingFilename = FullBackingName(l.name, h.BackingFile)

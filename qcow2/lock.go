@@ -30,9 +30,6 @@ const (
 
 var permNames = [...]string{"consistent read", "write", "write unchanged", "resize"}
 
-// ErrLocked is wrapped by a LockError.
-var ErrLocked = errors.New("image is locked")
-
 // A LockError says which lock of which file another process holds.
 type LockError struct {
 	File string
@@ -57,9 +54,10 @@ func (e *LockError) Unwrap() error { return ErrLocked }
 // last until Close.
 func (img *Image) Lock(share bool) error {
 	for l := img.top; l != nil; l = l.backing {
-		for _, f := range []*os.File{l.file, l.dataFile} {
+		for _, hf := range []HostFile{l.file, l.dataFile} {
+			f := fileOf(hf)
 			if f == nil {
-				continue
+				continue // no file, no lock (remote objects, test buffers)
 			}
 			if err := lockFile(f, share); err != nil {
 				return err

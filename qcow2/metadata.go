@@ -1,7 +1,6 @@
 package qcow2
 
 import (
-	"encoding/binary"
 	"fmt"
 	"sort"
 )
@@ -119,8 +118,8 @@ func (img *Image) Metadata() (*MetadataMap, error) {
 }
 
 func (l *layer) metadata() (*MetadataMap, error) {
-	l.metaOnce.Do(func() { l.meta, l.metaErr = l.buildMetadata() })
-	return l.meta, l.metaErr
+	l.metaOnce.Do(func() { l.metaMap, l.metaErr = l.buildMetadata() })
+	return l.metaMap, l.metaErr
 }
 
 func (l *layer) buildMetadata() (*MetadataMap, error) {
@@ -132,14 +131,14 @@ func (l *layer) buildMetadata() (*MetadataMap, error) {
 	addL1 := func(l1 []uint64, kind, l2kind MetaKind, off int64) {
 		b.add(off, int64(len(l1))*8, kind)
 		for _, e := range l1 {
-			if o := int64(e & l1OffsetMask); o != 0 {
+			if o := l1Entry(e).l2Offset(); o != 0 {
 				b.add(o, cs, l2kind)
 			}
 		}
 	}
 	// The active L1 table as the header says (a snapshot image's l.l1
 	// is the snapshot's, so read the header's own).
-	active, err := l.readL1(int64(h.L1TableOffset), h.L1Size)
+	active, err := l.meta.words(int64(h.L1TableOffset), int64(h.L1Size), "L1 table")
 	if err != nil {
 		return nil, err
 	}
@@ -166,7 +165,7 @@ func (l *layer) buildMetadata() (*MetadataMap, error) {
 				continue
 			}
 			seen[int64(s.L1TableOffset)] = true
-			sl1, err := l.readL1(int64(s.L1TableOffset), s.L1Size)
+			sl1, err := l.meta.words(int64(s.L1TableOffset), int64(s.L1Size), "snapshot L1 table")
 			if err != nil {
 				return nil, err
 			}
@@ -180,23 +179,10 @@ func (l *layer) buildMetadata() (*MetadataMap, error) {
 	return b.build(), nil
 }
 
-// readL1 reads an L1 table (already checked to lie inside the file).
-func (l *layer) readL1(off int64, n uint32) ([]uint64, error) {
-	buf := make([]byte, int64(n)*8)
-	if _, err := l.file.ReadAt(buf, off); err != nil {
-		return nil, fmt.Errorf("%s: reading L1 table at byte offset %d: %w", l.name, off, err)
-	}
-	t := make([]uint64, n)
-	for i := range t {
-		t[i] = binary.BigEndian.Uint64(buf[i*8:])
-	}
-	return t, nil
-}
-
 // checkNotMetadata fails when host range [off, off+n) of the image file,
 // used as guest data by the L2 entry at entryOff, overlaps metadata.
 func (l *layer) checkNotMetadata(off, n int64, e l2Entry, entryOff int64) error {
-	if l.dataFile != nil {
+	if l.external() {
 		return nil // data lives in another file
 	}
 	m, err := l.metadata()

@@ -1,7 +1,6 @@
 package qcow2
 
 import (
-	"encoding/binary"
 	"fmt"
 	"sync"
 	"syscall"
@@ -38,16 +37,8 @@ func (l *layer) refcountTable() ([]uint64, error) {
 	r := &l.refs
 	r.once.Do(func() {
 		h := l.hdr
-		n := int64(h.RefcountTableClusters) * l.clusterSize()
-		buf := make([]byte, n)
-		if _, err := l.file.ReadAt(buf, int64(h.RefcountTableOffset)); err != nil {
-			r.err = fmt.Errorf("%s: reading the refcount table at byte offset %d: %w", l.name, h.RefcountTableOffset, err)
-			return
-		}
-		r.table = make([]uint64, n/8)
-		for i := range r.table {
-			r.table[i] = binary.BigEndian.Uint64(buf[i*8:])
-		}
+		n := int64(h.RefcountTableClusters) * l.clusterSize() / 8
+		r.table, r.err = l.meta.words(int64(h.RefcountTableOffset), n, "refcount table")
 	})
 	return r.table, r.err
 }
@@ -76,14 +67,14 @@ func (l *layer) refcount(c int64) (uint64, error) {
 			Msg: fmt.Sprintf("refcount block offset %#x is unaligned or past the end of the file", off)}
 	}
 	words, err := l.cache.get(cacheKey{owner: l.owner, off: off}, func() ([]uint64, error) {
-		return l.readTable(off, "refcount block")
+		return l.meta.table(off, "refcount block")
 	})
 	if err != nil {
 		return 0, err
 	}
 	i := c % perBlock
 	bit := i * width // position of the entry in the block, in bits
-	w := words[bit/64]
+	w := words.word(bit / 64)
 	mask := uint64(1)<<width - 1
 	if width == 64 {
 		mask = ^uint64(0)
@@ -104,7 +95,8 @@ func (l *layer) refcount(c int64) (uint64, error) {
 func (l *layer) metadataPreallocated() bool {
 	l.preallocOnce.Do(func() {
 		var st syscall.Stat_t
-		if syscall.Fstat(int(l.file.Fd()), &st) != nil {
+		f := fileOf(l.file)
+		if f == nil || syscall.Fstat(int(f.Fd()), &st) != nil {
 			return
 		}
 		cs := l.clusterSize()

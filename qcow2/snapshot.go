@@ -3,7 +3,6 @@ package qcow2
 import (
 	"encoding/binary"
 	"fmt"
-	"io"
 )
 
 // Internal snapshots (specification, "Snapshots").
@@ -40,10 +39,11 @@ type Snapshot struct {
 	entryOff int64 // byte offset of the entry in the image file
 }
 
-// readSnapshots parses the snapshot table of the qcow2 file f, returning
+// readSnapshots parses the snapshot table of the qcow2 file m, returning
 // the snapshots and the table's size in bytes. Every field is checked
 // against the file and the specification where it is read.
-func readSnapshots(f io.ReaderAt, name string, h *Header, fileSize int64) ([]Snapshot, int64, error) {
+func readSnapshots(m *metaFile, h *Header) ([]Snapshot, int64, error) {
+	name, fileSize := m.name(), m.size
 	if h.NbSnapshots == 0 {
 		return nil, 0, nil
 	}
@@ -58,8 +58,8 @@ func readSnapshots(f io.ReaderAt, name string, h *Header, fileSize int64) ([]Sna
 		if off+40 > fileSize {
 			return nil, 0, bad("snapshot table", uint64(i), 64, "snapshot %d's entry at byte offset %d runs past the end of the file", i, off)
 		}
-		if _, err := f.ReadAt(fixed[:], off); err != nil {
-			return nil, 0, fmt.Errorf("%s: reading snapshot %d at byte offset %d: %w", name, i, off, err)
+		if err := m.read(fixed[:], off, fmt.Sprintf("snapshot %d", i)); err != nil {
+			return nil, 0, err
 		}
 		be := binary.BigEndian
 		s := Snapshot{
@@ -84,8 +84,8 @@ func readSnapshots(f io.ReaderAt, name string, h *Header, fileSize int64) ([]Sna
 			return nil, 0, bad("snapshot entry", uint64(varLen), off, "snapshot %d's entry runs past the end of the file", i)
 		}
 		buf := make([]byte, varLen)
-		if _, err := f.ReadAt(buf, off+40); err != nil {
-			return nil, 0, fmt.Errorf("%s: reading snapshot %d at byte offset %d: %w", name, i, off, err)
+		if err := m.read(buf, off+40, fmt.Sprintf("snapshot %d", i)); err != nil {
+			return nil, 0, err
 		}
 		extra := buf[:extraLen]
 		if len(extra) >= 8 {

@@ -56,7 +56,7 @@ func TestCheckMatchesQemu(t *testing.T) {
 	}
 }
 
-// firstRefcountEntry returns where the refcount of host cluster c is
+// refcountEntryOffset returns where the refcount of host cluster c is
 // stored, for 16-bit refcounts in the first refcount block.
 func refcountEntryOffset(t *testing.T, path string, c int64) int64 {
 	t.Helper()

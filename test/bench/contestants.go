@@ -147,8 +147,8 @@ func (e *exposure) peak() int64 {
 	return n
 }
 
-// abort unblocks whatever waits on the daemon (a reader stuck after a
-// timeout) by aborting the FUSE connection.
+// abortExposure returns a func that unblocks whatever waits on the daemon
+// (a reader stuck after a timeout) by aborting the FUSE connection.
 func (b *bench) abortExposure(e *exposure) func() {
 	return func() {
 		e.hung = true

@@ -1,12 +1,9 @@
 package qcow2
 
 import (
-	"errors"
-	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
-	"syscall"
 )
 
 // Holes: the answers to lseek(SEEK_DATA) and lseek(SEEK_HOLE).
@@ -26,10 +23,6 @@ import (
 // extents). The index holds at most a budget of runs (CLOCK eviction of
 // whole chunks), so its memory is bounded whatever the disk size; opening
 // an image builds nothing.
-
-// ErrNoData is returned by NextData when there is no data at or after the
-// offset (lseek's ENXIO).
-var ErrNoData = errors.New("no data after offset")
 
 const (
 	chunkMin = 64 << 20
@@ -51,11 +44,11 @@ type chunkRuns struct {
 func (e *chunkRuns) refBit() *atomic.Bool { return &e.ref }
 func (e *chunkRuns) bytes() int64         { return int64(len(e.runs)+1) * 16 }
 
-// statusIndex caches the data runs of chunks. mu guards chunks and ring;
+// holeIndex caches the data runs of chunks. mu guards chunks and ring;
 // entries are immutable once published. Building a chunk happens outside
 // the lock; two requests may build the same chunk at once, and the second
 // result is dropped.
-type statusIndex struct {
+type holeIndex struct {
 	chunkBits uint
 
 	mu     sync.Mutex
@@ -63,7 +56,7 @@ type statusIndex struct {
 	ring   clockRing[*chunkRuns]
 }
 
-func (img *Image) index() *statusIndex {
+func (img *Image) index() *holeIndex {
 	img.indexOnce.Do(func() {
 		l := img.top
 		bits := uint(26) // chunkMin
@@ -72,7 +65,7 @@ func (img *Image) index() *statusIndex {
 				bits = b
 			}
 		}
-		img.idx = &statusIndex{chunkBits: bits, chunks: map[int64]*chunkRuns{}}
+		img.idx = &holeIndex{chunkBits: bits, chunks: map[int64]*chunkRuns{}}
 		img.idx.ring.capacity = indexBudget
 	})
 	return img.idx
@@ -201,46 +194,4 @@ func (img *Image) DataBytesIn(start, end int64) (int64, error) {
 		}
 	}
 	return total, nil
-}
-
-// Stats counts what an image's reads and block status cost, over every
-// layer of its chain.
-type Stats struct {
-	Inflates        int64 // compressed clusters inflated
-	CompressedReads int64 // reads of compressed data (one per inflate)
-	HostReads       int64 // reads those turned into on the host files
-	HoleProbes      int64 // FIEMAP ioctls and lseeks to find host holes
-}
-
-// Stats returns the image's counters.
-func (img *Image) Stats() Stats {
-	var s Stats
-	for l := img.top; l != nil; l = l.backing {
-		if m := l.host.Load(); m != nil {
-			s.HoleProbes += m.Stats().HostCalls()
-		}
-		s.Inflates += l.inflates.Load()
-		if ra := l.ra.Load(); ra != nil {
-			rs := ra.Stats()
-			s.CompressedReads += rs.Calls
-			s.HostReads += rs.Reads
-		}
-	}
-	return s
-}
-
-// AllocatedBytes returns the space the host file systems allocate for all
-// files of the chain (images, data files, raw backing files): a cheap upper
-// estimate of DataBytes for images that are not compressed.
-func (img *Image) AllocatedBytes() int64 {
-	var total int64
-	for l := img.top; l != nil; l = l.backing {
-		for _, f := range []*os.File{l.file, l.dataFile} {
-			var st syscall.Stat_t
-			if f != nil && syscall.Fstat(int(f.Fd()), &st) == nil {
-				total += st.Blocks * 512
-			}
-		}
-	}
-	return total
 }
