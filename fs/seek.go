@@ -8,10 +8,11 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"golang.org/x/sys/unix"
 
+
 	"github.com/qcowfs/qcowfs/qcow2"
 )
 
-var _ = (gofs.NodeLseeker)((*imageNode)(nil))
+var _ = (gofs.FileLseeker)((*imageHandle)(nil))
 
 // Lseek answers SEEK_DATA and SEEK_HOLE from the image's block status, with
 // the semantics of a local file (lseek(2)): SEEK_DATA returns the first
@@ -19,11 +20,8 @@ var _ = (gofs.NodeLseeker)((*imageNode)(nil))
 // the end; SEEK_HOLE returns the first hole at or after off, the end of the
 // file counting as one, ENXIO if off is at or past the end. The kernel
 // handles SEEK_SET, SEEK_CUR and SEEK_END itself and only sends these two.
-func (n *imageNode) Lseek(ctx context.Context, f gofs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
-	h, ok := f.(*imageHandle)
-	if !ok {
-		return 0, syscall.EBADF
-	}
+func (h *imageHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	n := h.n
 	img := h.oi.img
 	// The file is [n.start, end) of the disk.
 	end := min(n.start+n.size, img.Size())

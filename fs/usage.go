@@ -46,9 +46,9 @@ func (u *usageTable) get(v diskID) (int64, bool) {
 }
 
 // usageJob is what to count: the data of [start, end) of the disk of the
-// image at path.
+// image at rel.
 type usageJob struct {
-	path       string
+	rel        string
 	start, end int64
 }
 
@@ -80,7 +80,7 @@ func (u *usageTable) watch(v diskID, n *gofs.Inode) {
 	u.nodes[v] = n
 }
 
-// run counts queued images until the process ends.
+// countUsage counts queued images until the process ends.
 func (m *mount) countUsage() {
 	u := m.usage
 	for v := range u.queue {
@@ -100,7 +100,7 @@ func (m *mount) countUsage() {
 		node := u.nodes[v]
 		u.mu.Unlock()
 		if err != nil {
-			m.log.Debug("cannot count the data of an image", "image", job.path, "err", err)
+			m.log.Debug("cannot count the data of an image", "image", m.src.abs(job.rel), "err", err)
 			continue
 		}
 		if node != nil {
@@ -113,10 +113,10 @@ func (m *mount) countUsage() {
 // dataBytes counts the data of a disk, sharing the open image (and so its
 // block status index) with readers.
 func (m *mount) dataBytes(d diskID, job usageJob) (int64, error) {
-	oi, err := m.acquire(job.path, d)
+	oi, err := m.acquire(d, job.rel)
 	if err != nil {
 		return 0, err
 	}
-	defer m.release(d, oi)
+	defer m.release(oi)
 	return oi.img.DataBytesIn(job.start, job.end)
 }

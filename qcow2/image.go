@@ -40,6 +40,11 @@ type Options struct {
 	// and virtual size, over the same backing chain.
 	Snapshot string
 
+	// SnapshotIndex, when not 0, opens the snapshot at index
+	// SnapshotIndex-1 of the snapshot table instead, whatever its ID:
+	// in a hostile table IDs can repeat, entries cannot.
+	SnapshotIndex int
+
 	// LenientTables skips checking every L1 entry at open, for image
 	// checkers that report bad entries rather than refuse the image.
 	// Reads through a bad entry still fail.
@@ -240,10 +245,18 @@ func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
 		}
 	}
 	l1Off, l1Size := int64(h.L1TableOffset), h.L1Size
-	if opts.Snapshot != "" && depth == 0 {
-		s, ok := findSnapshot(l.snapshots, opts.Snapshot)
-		if !ok {
-			return nil, fmt.Errorf("%s: no snapshot with ID or name %q", name, opts.Snapshot)
+	if depth == 0 && (opts.Snapshot != "" || opts.SnapshotIndex != 0) {
+		var s *Snapshot
+		switch i := opts.SnapshotIndex - 1; {
+		case i >= 0 && i < len(l.snapshots):
+			s = &l.snapshots[i]
+		case i >= 0:
+			return nil, fmt.Errorf("%s: no snapshot at index %d (the table has %d)", name, i, len(l.snapshots))
+		default:
+			var ok bool
+			if s, ok = findSnapshot(l.snapshots, opts.Snapshot); !ok {
+				return nil, fmt.Errorf("%s: no snapshot with ID or name %q", name, opts.Snapshot)
+			}
 		}
 		l1Off, l1Size, l.size = int64(s.L1TableOffset), s.L1Size, s.Size
 	}

@@ -112,3 +112,33 @@ func setLock(f *os.File, off int64) error {
 	}
 	return nil
 }
+
+// Unlock drops every lock Lock took, as qemu does when its last user of an
+// image lets go. The image stays open.
+func (img *Image) Unlock() {
+	for l := img.top; l != nil; l = l.backing {
+		for _, hf := range []HostFile{l.file, l.dataFile} {
+			if f := fileOf(hf); f != nil {
+				for _, off := range []int64{lockPermBase + permConsistent, lockSharedBase + permWrite} {
+					lk := unix.Flock_t{Type: unix.F_UNLCK, Whence: 0, Start: off, Len: 1}
+					unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk)
+				}
+			}
+		}
+	}
+}
+
+// Writer reports whether another process holds qemu's write permission on
+// the image file (byte 101) or refuses to share reading (byte 200): a
+// running qemu that writes the image. It takes no lock, so it never gets
+// in qemu's way. The error names the lock.
+func (img *Image) Writer() error {
+	f := fileOf(img.top.file)
+	if f == nil {
+		return nil
+	}
+	if err := testLock(f, lockSharedBase+permConsistent); err != nil {
+		return err
+	}
+	return testLock(f, lockPermBase+permWrite)
+}

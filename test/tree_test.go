@@ -3,6 +3,7 @@ package test
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -255,5 +256,53 @@ func TestBadImages(t *testing.T) {
 	sameFile(t, filepath.Join(m.Dir, "good.raw"), qemu.ToRaw(t, good, filepath.Join(t.TempDir(), "good")))
 	if n := countLines(m.logText(t), "read failed"); n != 1 {
 		t.Errorf("want one 'read failed' log line for badl2, got %d:\n%s", n, m.logText(t))
+	}
+}
+
+// TestRootInodeAndDots: the mount root has a real inode number (ls -id
+// shows it), and listings include "." and ".." with the inode numbers stat
+// reports for the folder and its parent.
+func TestRootInodeAndDots(t *testing.T) {
+	requireFUSE(t)
+	src := qemu.TempDir(t)
+	os.MkdirAll(filepath.Join(src, "sub"), 0o755)
+	qemu.Create(t, "qcow2", filepath.Join(src, "sub", "a.qcow2"), "1M")
+	m := mountImages(t, src)
+	ino := func(p string) uint64 {
+		var st syscall.Stat_t
+		if err := syscall.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino
+	}
+	root, sub := ino(m.Dir), ino(filepath.Join(m.Dir, "sub"))
+	if root == 0 {
+		t.Fatal("the mount root has inode number 0")
+	}
+	out, err := exec.Command("ls", "-id", m.Dir).CombinedOutput()
+	if err != nil || strings.HasPrefix(string(out), "?") {
+		t.Fatalf("ls -id: %v, %s", err, out)
+	}
+	// ls -ai lists what readdir returns for "." and "..".
+	dots := func(dir string) map[string]string {
+		out, err := exec.Command("ls", "-ai1", dir).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 2 {
+				got[f[1]] = f[0]
+			}
+		}
+		return got
+	}
+	d := dots(filepath.Join(m.Dir, "sub"))
+	if d["."] != fmt.Sprint(sub) || d[".."] != fmt.Sprint(root) {
+		t.Errorf("sub lists . = %s and .. = %s; stat says %d and %d", d["."], d[".."], sub, root)
+	}
+	if d := dots(m.Dir); d["."] != fmt.Sprint(root) || d["sub"] != fmt.Sprint(sub) {
+		t.Errorf("the root lists . = %s, sub = %s; stat says %d and %d", d["."], d["sub"], root, sub)
 	}
 }

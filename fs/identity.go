@@ -1,0 +1,156 @@
+package fs
+
+import (
+	"fmt"
+	"hash/fnv"
+	"math/bits"
+	"sync"
+	"syscall"
+)
+
+// File identity: which node stands for which source file, and when a file
+// counts as a different one.
+//
+// A source file is its (device, inode). What the mount shows of it is tied
+// to a generation, an internal number that changes only when someone else
+// changes the file while the mount has none of its files open: qemu wrote
+// it, took a snapshot, resized it, converted over it. A new generation is a
+// new node (go-fuse tells nodes apart by inode number and generation), so
+// everything cached about the old content goes with the old node: the
+// kernel's page cache and attributes, the open image's tables and hole
+// index, the partition table, the counted data bytes. The mount's own
+// writes, made through open files, never change the generation: a file
+// changed while we held it open is a file we changed.
+
+// fileKey identifies a source file.
+type fileKey struct{ dev, ino uint64 }
+
+func keyOf(st *syscall.Stat_t) fileKey { return fileKey{dev: st.Dev, ino: st.Ino} }
+
+// version is what changes when a file's content may have changed.
+type version struct {
+	size         int64
+	mtime, ctime int64 // nanoseconds
+}
+
+func versionOf(st *syscall.Stat_t) version {
+	return version{size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano()}
+}
+
+// inode is the inode number shown for the file: the host inode number with
+// the device mixed into the bits that host inode numbers rarely reach, so
+// files of different file systems under the source rarely collide.
+func (k fileKey) inode() uint64 { return k.ino ^ bits.RotateLeft64(k.dev, 40) }
+
+// fileState is what the mount remembers of one source file.
+type fileState struct {
+	gen     uint64  // current generation
+	known   version // the version the current generation stands for
+	handles int     // open FUSE handles on any disk of the file
+}
+
+// identities tracks generations. mu guards files and next; no I/O is done
+// under it.
+type identities struct {
+	mu    sync.Mutex
+	files map[fileKey]*fileState
+	next  uint64
+}
+
+// maxIdentities bounds the table: files without open handles are forgotten
+// when it is full (their next generation is then a fresh number, which is
+// always safe: a new node).
+const maxIdentities = 1 << 16
+
+func newIdentities() *identities {
+	return &identities{files: map[fileKey]*fileState{}}
+}
+
+// observe returns the generation of the file k seen at version v: the
+// current one if v is the version it stands for or if the mount has the
+// file open (then v is our own doing), else a new one.
+func (t *identities) observe(k fileKey, v version) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.files[k]
+	if s == nil {
+		if len(t.files) >= maxIdentities {
+			for fk, fs := range t.files {
+				if fs.handles == 0 {
+					delete(t.files, fk)
+				}
+			}
+		}
+		t.next++
+		s = &fileState{gen: t.next, known: v}
+		t.files[k] = s
+		return s.gen
+	}
+	if s.known != v {
+		if s.handles == 0 {
+			t.next++
+			s.gen = t.next
+		}
+		s.known = v
+	}
+	return s.gen
+}
+
+// opened counts an open handle of generation gen of file k, seen at
+// version v. It fails (ESTALE: the kernel then looks the name up again)
+// if the file changed into another generation since.
+func (t *identities) opened(k fileKey, gen uint64, v version) error {
+	if t.observe(k, v) != gen {
+		return syscall.ESTALE
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s := t.files[k]; s != nil && s.gen == gen {
+		s.handles++
+		return nil
+	}
+	return syscall.ESTALE
+}
+
+// closed drops an open handle of file k; v is the file's version now,
+// which the current generation then stands for (our writes changed it).
+func (t *identities) closed(k fileKey, v version) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s := t.files[k]; s != nil {
+		s.handles--
+		s.known = v
+	}
+}
+
+// diskID names a disk the mount shows: one generation of an image file, or
+// one internal snapshot of it, or a partition of either.
+type diskID struct {
+	key fileKey
+	gen uint64
+	// snap is 1 + the index of a snapshot in the image's snapshot table;
+	// 0 for the image's current state. (Not the snapshot ID: IDs can
+	// repeat in a hostile table, table entries cannot.)
+	snap int
+	// part is a partition number of the disk (parts.go): 0 for the
+	// whole disk, partsFolder for the folder of its partitions.
+	part int
+}
+
+const partsFolder = -1
+
+// base is the whole disk d is part of.
+func (d diskID) base() diskID { return diskID{key: d.key, gen: d.gen, snap: d.snap} }
+
+// inode is the disk's inode number: the image file's for the image
+// itself; for a snapshot, a partition or a partitions folder, a hash of
+// the file, snapshot and partition with the top bit set, a range host
+// inode numbers do not reach.
+func (d diskID) inode() uint64 {
+	if d.snap == 0 && d.part == 0 {
+		return d.key.inode()
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d/%d/%d/%d", d.key.dev, d.key.ino, d.snap, d.part)
+	return h.Sum64() | 1<<63
+}

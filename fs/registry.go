@@ -1,0 +1,212 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/qcowfs/qcowfs/qcow2"
+)
+
+// The open-image registry: every disk that something has open, opened once
+// and shared. Its users are FUSE handles of the disk's files (the image,
+// a snapshot, a partition) and the mount's own background work (counting
+// data bytes, reading a partition table).
+//
+// Locks follow the handles, as qemu's follow its users: an image's qemu
+// reader locks are taken when its first handle opens and dropped when its
+// last handle closes. The mount's own work reads without locks, like
+// qemu-img info -U, so a listing or a stat never gets in the way of a qemu.
+// Once no user is left, the image is closed, with its cached tables: the
+// next open reads the file afresh.
+//
+// registry.mu guards the map only and is never held across I/O: an image
+// is opened by its first user outside the lock, and users that come
+// meanwhile wait for that open on the entry's ready channel. One slow or
+// broken image never holds up the others.
+
+type registry struct {
+	mu     sync.Mutex
+	images map[diskID]*openImage // keyed by whole disk (diskID.base)
+}
+
+// openImage is one open disk, shared by everything that holds it.
+type openImage struct {
+	d     diskID
+	rel   string // the image file, relative to the source root
+	path  string // and its absolute path, for messages
+	ready chan struct{}
+	img   *qcow2.Image // set, with err, before ready closes
+	err   error
+
+	refs int // users; guarded by registry.mu
+
+	lockMu  sync.Mutex // guards handles and the locks
+	handles int
+
+	failed atomic.Bool // a read failed; logged once
+}
+
+// acquire returns the open image of disk d (the image file at rel), opening
+// it if nobody has it open. Every acquire is paired with a release.
+func (m *mount) acquire(d diskID, rel string) (*openImage, error) {
+	d = d.base()
+	r := &m.reg
+	r.mu.Lock()
+	oi := r.images[d]
+	if oi != nil {
+		oi.refs++
+		r.mu.Unlock()
+		<-oi.ready
+		if oi.err != nil {
+			m.release(oi)
+			return nil, oi.err
+		}
+		return oi, nil
+	}
+	oi = &openImage{d: d, rel: rel, path: m.src.abs(rel), ready: make(chan struct{}), refs: 1}
+	r.images[d] = oi
+	r.mu.Unlock()
+
+	oi.img, oi.err = m.openImage(d, rel)
+	close(oi.ready)
+	if oi.err != nil {
+		m.release(oi)
+		return nil, oi.err
+	}
+	return oi, nil
+}
+
+// release gives up one use of oi, closing it after the last one.
+func (m *mount) release(oi *openImage) {
+	r := &m.reg
+	r.mu.Lock()
+	oi.refs--
+	last := oi.refs == 0
+	if last && r.images[oi.d] == oi {
+		delete(r.images, oi.d)
+	}
+	r.mu.Unlock()
+	if last && oi.img != nil {
+		oi.img.Close()
+	}
+}
+
+// openImage opens generation d.gen of the image file at rel, read-only and
+// without locks: the file is opened through the source root, and must
+// still be the file the disk names.
+func (m *mount) openImage(d diskID, rel string) (*qcow2.Image, error) {
+	f, err := m.src.open(rel)
+	if err != nil {
+		return nil, err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if keyOf(&st) != d.key {
+		f.Close()
+		return nil, syscall.ESTALE // replaced since it was looked up
+	}
+	hf, err := qcow2.NewFile(f)
+	if err != nil {
+		return nil, err
+	}
+	opts := m.imageOptions()
+	opts.SnapshotIndex = d.snap
+	return qcow2.NewImage(hf, opts)
+}
+
+// openHandle acquires disk d for a FUSE handle: the image, locked like a
+// read-only qemu while any handle has it open. The file must still be in
+// the generation the node stands for; if someone changed it since, the
+// open fails with ESTALE and the kernel looks the name up again, finding
+// a node for the new content.
+func (m *mount) openHandle(d diskID, rel string) (*openImage, error) {
+	oi, err := m.acquire(d, rel)
+	if err != nil {
+		return nil, err
+	}
+	st, err := fileStat(oi.img)
+	if err == nil {
+		err = m.ids.opened(d.key, d.gen, versionOf(&st))
+	}
+	if err != nil {
+		m.release(oi)
+		return nil, err
+	}
+	oi.lockMu.Lock()
+	defer oi.lockMu.Unlock()
+	if oi.handles == 0 {
+		if err := oi.img.Lock(m.cfg.ForceShare); err != nil {
+			m.ids.closed(d.key, versionOf(&st))
+			m.release(oi)
+			return nil, err
+		}
+	}
+	oi.handles++
+	return oi, nil
+}
+
+// closeHandle gives up a handle's use of oi, dropping the locks with the
+// last handle.
+func (m *mount) closeHandle(oi *openImage) {
+	oi.lockMu.Lock()
+	oi.handles--
+	if oi.handles == 0 {
+		oi.img.Unlock()
+	}
+	oi.lockMu.Unlock()
+	st, err := fileStat(oi.img)
+	if err == nil {
+		m.ids.closed(oi.d.key, versionOf(&st))
+	} else {
+		m.ids.closed(oi.d.key, version{})
+	}
+	m.release(oi)
+}
+
+// fileStat stats an open image's file.
+func fileStat(img *qcow2.Image) (syscall.Stat_t, error) {
+	var st syscall.Stat_t
+	f, ok := img.File().(interface{ Fd() uintptr })
+	if !ok {
+		return st, errors.New("not a local file")
+	}
+	err := syscall.Fstat(int(f.Fd()), &st)
+	return st, err
+}
+
+func (m *mount) imageOptions() qcow2.Options {
+	o := m.cfg.Image
+	o.Warnf = func(format string, args ...any) { m.log.Warn(fmt.Sprintf(format, args...)) }
+	return o
+}
+
+// readFailed logs a failed read once per open image, and maps the error.
+func (m *mount) readFailed(oi *openImage, off int64, err error) syscall.Errno {
+	if !oi.failed.Swap(true) {
+		m.log.Error("read failed; further read errors of this image are not logged",
+			"image", oi.path, "offset", off, "err", err)
+	}
+	return errnoOf(err)
+}
+
+// errnoOf maps a library error to the errno a reader sees: a lock another
+// process holds is EBUSY; corrupt or unreadable metadata is EIO.
+func errnoOf(err error) syscall.Errno {
+	var errno syscall.Errno
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, qcow2.ErrLocked):
+		return syscall.EBUSY
+	case errors.As(err, &errno):
+		return errno
+	default:
+		return syscall.EIO
+	}
+}

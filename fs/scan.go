@@ -1,0 +1,432 @@
+package fs
+
+import (
+	"errors"
+	"os"
+	"sort"
+	"strings"
+	"syscall"
+
+	"github.com/qcowfs/qcowfs/partition"
+	"github.com/qcowfs/qcowfs/qcow2"
+)
+
+// A folder's scan: what each source entry is (classify), what an image
+// holds (validate), and the names the mount shows for them (names.go).
+//
+// Validating an image opens it without locks, like qemu-img info -U, reads
+// what the listing needs (virtual size, snapshots, partition tables) and
+// closes it again: a listed image holds neither locks nor descriptors. What
+// was learned is kept with the entry and used again until the file
+// changes. An image a running qemu writes (it holds qemu's write lock) is
+// not shown, and is tried again at every listing, without taking a lock.
+
+type entryKind uint8
+
+const (
+	kindDir entryKind = iota
+	kindImage
+	kindPlain
+	kindParts // the folder of a disk's partitions (parts.go)
+)
+
+// entry is one source entry, classified.
+type entry struct {
+	src  string         // name in the source folder
+	rel  string         // path relative to the source root (of the target, for symlinks)
+	lst  syscall.Stat_t // the entry itself (the symlink, for symlinks)
+	st   syscall.Stat_t // what it shows (the target, for symlinks)
+	key  fileKey
+	kind entryKind
+	gen  uint64 // images: the generation classified
+
+	facts *imageFacts // images that validated
+
+	hidden bool
+	why    *refusal // why an image is not shown; logged once per version
+	locked bool     // not shown because a qemu writes it: tried again at every scan
+	noted  bool     // a hidden symlink or a name clash was logged
+}
+
+// imageFacts is what validation learned of an image.
+type imageFacts struct {
+	size  int64 // virtual size
+	used  int64 // space its files take on the host: a first estimate of its data
+	snaps []snapFacts
+	table *partition.Table // partitions of the current disk; nil if none shown
+}
+
+type snapFacts struct {
+	index    int // 1 + index in the snapshot table
+	id, name string
+	size     int64
+	table    *partition.Table
+}
+
+// A refusal says why an image is not shown, and what would change that.
+type refusal struct {
+	image  string
+	reason string
+	hint   string
+}
+
+// shown is one name the folder shows: an entry, or a snapshot or the
+// partitions folder of a disk.
+type shown struct {
+	e     *entry
+	snap  int // 1 + snapshot index; 0 for the image's current state
+	part  int // partsFolder for a disk's partitions folder, else 0
+	size  int64
+	table *partition.Table // partitions folders: the disk's partitions
+}
+
+func (x *shown) kind() entryKind {
+	if x.part == partsFolder {
+		return kindParts
+	}
+	return x.e.kind
+}
+
+func (x *shown) disk() diskID {
+	if x.e.kind != kindImage {
+		return diskID{key: x.e.key}
+	}
+	return diskID{key: x.e.key, gen: x.e.gen, snap: x.snap, part: x.part}
+}
+
+// gen is the node generation: the file's generation for disks and their
+// partitions, 0 for folders and plain files (whose content is not cached).
+func (x *shown) gen() uint64 {
+	if x.e.kind == kindImage {
+		return x.e.gen
+	}
+	return 0
+}
+
+// used is the first estimate of a disk's data bytes.
+func (x *shown) used() int64 {
+	if x.e.facts == nil {
+		return 0
+	}
+	return min(x.e.facts.used, x.size)
+}
+
+// dirScan is one folder as last scanned.
+type dirScan struct {
+	dir     fileKey
+	ver     version
+	entries map[string]*entry // by source name
+	names   map[string]*shown // by shown name
+}
+
+// scan returns the folder's scan, made again if the folder changed; for a
+// lookup of name only that name's entry is checked for changes, for a
+// listing (name "") every entry.
+func (d *dirNode) scan(name string) (*dirScan, error) {
+	d.scanMu.Lock()
+	defer d.scanMu.Unlock()
+	dir, err := d.m.src.dir(d.rel)
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(dir.Fd()), &st); err != nil {
+		return nil, err
+	}
+	cur := d.cur
+	if cur == nil || cur.dir != keyOf(&st) || cur.ver != versionOf(&st) {
+		s, err := d.rescan(dir, cur, &st)
+		if err != nil {
+			return nil, err
+		}
+		d.cur = s
+		return s, nil
+	}
+	var check []*entry
+	if name == "" {
+		for _, e := range cur.entries {
+			check = append(check, e)
+		}
+	} else if x := cur.names[name]; x != nil {
+		check = append(check, x.e)
+	}
+	changed := false
+	entries := cur.entries
+	for _, e := range check {
+		ne := d.classify(dir, e.src, e)
+		if ne == e {
+			continue
+		}
+		if !changed {
+			entries = make(map[string]*entry, len(cur.entries))
+			for k, v := range cur.entries {
+				entries[k] = v
+			}
+			changed = true
+		}
+		if ne == nil {
+			delete(entries, e.src)
+		} else {
+			entries[e.src] = ne
+		}
+	}
+	if changed {
+		d.cur = &dirScan{dir: cur.dir, ver: cur.ver, entries: entries, names: d.m.assign(entries)}
+	}
+	return d.cur, nil
+}
+
+// rescan reads the folder's names again and classifies every entry,
+// keeping the classification of entries that did not change.
+func (d *dirNode) rescan(dir *os.File, old *dirScan, st *syscall.Stat_t) (*dirScan, error) {
+	var names []string
+	if d.only != "" {
+		names = []string{d.only}
+	} else {
+		var err error
+		if names, err = dir.Readdirnames(-1); err != nil {
+			return nil, err
+		}
+	}
+	s := &dirScan{dir: keyOf(st), ver: versionOf(st), entries: make(map[string]*entry, len(names))}
+	for _, name := range names {
+		var prev *entry
+		if old != nil {
+			prev = old.entries[name]
+		}
+		if e := d.classify(dir, name, prev); e != nil {
+			s.entries[name] = e
+		}
+	}
+	s.names = d.m.assign(s.entries)
+	return s, nil
+}
+
+// classify stats one source entry and, for a new or changed qcow2 image,
+// validates it. It returns old if nothing changed, and nil for an entry
+// that does not exist any more.
+func (d *dirNode) classify(dir *os.File, name string, old *entry) *entry {
+	m := d.m
+	lst, err := lstatIn(dir, name)
+	if err != nil {
+		return nil
+	}
+	rel := join(d.rel, name)
+	e := &entry{src: name, rel: rel, lst: lst, st: lst, key: keyOf(&lst)}
+	if lst.Mode&syscall.S_IFMT == syscall.S_IFLNK {
+		// Follow symlinks only to what lies inside the source folder:
+		// nothing outside what the user mounted is ever served.
+		target, err := m.src.resolveLink(rel)
+		if err == nil {
+			e.st, err = m.src.stat(target)
+		}
+		if err != nil {
+			e.kind, e.hidden = kindPlain, true
+			if old == nil || !old.noted || !unchanged(&old.lst, &lst) {
+				m.log.Warn("symlink not shown: it does not resolve inside the source folder", "path", m.src.abs(rel), "reason", err.Error())
+			}
+			e.noted = true
+			return e
+		}
+		e.rel, e.key = target, keyOf(&e.st)
+	}
+	if old != nil && unchanged(&old.lst, &lst) && unchanged(&old.st, &e.st) && old.rel == e.rel && !old.locked {
+		return old
+	}
+	switch e.st.Mode & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		e.kind = kindDir
+	case syscall.S_IFREG:
+		e.kind = kindPlain
+		if m.isQcow2(e.rel) {
+			e.kind = kindImage
+			m.validate(e, old)
+		}
+	default:
+		// Devices, fifos and sockets are not shown: reading a fifo
+		// would block a reader forever.
+		e.hidden = true
+	}
+	return e
+}
+
+// unchanged reports whether two stats of a file say it is the same file
+// with the same content and attributes (reads change the access time
+// only, which does not count; any change of mode or owner moves ctime).
+func unchanged(a, b *syscall.Stat_t) bool {
+	return keyOf(a) == keyOf(b) && versionOf(a) == versionOf(b)
+}
+
+// isQcow2 reports whether the regular file rel starts with the qcow2 magic.
+func (m *mount) isQcow2(rel string) bool {
+	f, err := m.src.open(rel)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var b [4]byte
+	n, _ := f.ReadAt(b[:], 0)
+	return n == 4 && uint32(b[0])<<24|uint32(b[1])<<16|uint32(b[2])<<8|uint32(b[3]) == qcow2.Magic
+}
+
+// maxSnapshotTables bounds how many snapshots of one image get their
+// partition table read (one open each), so that a table of thousands of
+// snapshots does not make every listing slow.
+const maxSnapshotTables = 64
+
+// validate opens the image e without locks and records what it holds, or
+// why it is not shown. old is the entry's previous classification, for
+// logging a refusal once.
+func (m *mount) validate(e *entry, old *entry) {
+	e.gen = m.ids.observe(e.key, versionOf(&e.st))
+	d := diskID{key: e.key, gen: e.gen}
+	oi, err := m.acquire(d, e.rel)
+	if err == nil && !m.cfg.ForceShare {
+		if err = oi.img.Writer(); err != nil {
+			m.release(oi)
+		}
+	}
+	if err != nil {
+		e.hidden = true
+		e.locked = errors.Is(err, qcow2.ErrLocked)
+		e.why = m.refusalOf(e.rel, err)
+		if old == nil || old.why == nil || old.why.reason != e.why.reason {
+			m.log.Warn("image not shown", "image", e.why.image, "reason", e.why.reason, "hint", e.why.hint)
+		}
+		return
+	}
+	defer m.release(oi)
+	if old != nil && old.locked {
+		m.log.Info("image shown again: no other process writes it now", "image", m.src.abs(e.rel))
+	}
+	img := oi.img
+	f := &imageFacts{size: img.Size(), used: min(img.AllocatedBytes(), img.Size())}
+	if !m.cfg.NoPartitions {
+		f.table = m.readPartitions(img, m.src.abs(e.rel))
+	}
+	for i, s := range img.Snapshots() {
+		sf := snapFacts{index: i + 1, id: s.ID, name: s.Name, size: s.Size}
+		if !m.cfg.NoPartitions && i < maxSnapshotTables {
+			if so, err := m.acquire(diskID{key: e.key, gen: e.gen, snap: i + 1}, e.rel); err == nil {
+				sf.table = m.readPartitions(so.img, describe(m.src.abs(e.rel), s.ID))
+				m.release(so)
+			}
+		} else if i == maxSnapshotTables && !m.cfg.NoPartitions {
+			m.log.Warn("partitions of further snapshots not shown", "image", m.src.abs(e.rel), "snapshots", len(img.Snapshots()), "limit", maxSnapshotTables)
+		}
+		f.snaps = append(f.snaps, sf)
+	}
+	e.facts = f
+	m.usage.request(d, usageJob{rel: e.rel, end: f.size})
+}
+
+// readPartitions reads a disk's partition table; nil if it has none or no
+// partition of it would be shown. Problems are logged.
+func (m *mount) readPartitions(img *qcow2.Image, what string) *partition.Table {
+	t, err := partition.Read(img, img.Size(), 0)
+	switch {
+	case errors.Is(err, partition.ErrNoTable):
+		return nil
+	case err != nil:
+		m.log.Warn("partition table not shown", "disk", what, "reason", err.Error())
+		return nil
+	}
+	for _, w := range t.Warnings {
+		m.log.Warn("partition table", "disk", what, "warning", w)
+	}
+	if len(shownPartitions(t)) == 0 {
+		return nil
+	}
+	return t
+}
+
+// refusalOf describes why the image at rel cannot be shown, with the flag
+// that would show it where there is one.
+func (m *mount) refusalOf(rel string, err error) *refusal {
+	path := m.src.abs(rel)
+	reason := strings.TrimPrefix(err.Error(), path+": ")
+	r := &refusal{image: path, reason: reason}
+	var refused *qcow2.RefusedError
+	switch {
+	case errors.Is(err, qcow2.ErrLocked):
+		r.hint = "another process (a running qemu) writes it; -U (--force-share) serves it anyway"
+	case errors.As(err, &refused) && strings.Contains(refused.Reason, "outside the allowed folders"):
+		r.hint = "--allow-backing-outside=DIR follows backing and data files inside DIR"
+	case errors.Is(err, qcow2.ErrUnsupported) && strings.Contains(reason, "corrupt bit"):
+		r.hint = "--allow-corrupt serves it read-only anyway"
+	}
+	return r
+}
+
+// assign gives the folder's entries their shown names (names.go): entries,
+// then snapshots, then partitions folders.
+func (m *mount) assign(entries map[string]*entry) map[string]*shown {
+	var vis []*entry
+	for _, e := range entries {
+		if !e.hidden {
+			vis = append(vis, e)
+		}
+	}
+	sort.Slice(vis, func(i, j int) bool { return vis[i].src < vis[j].src })
+	srcs := make([]string, len(vis))
+	isImage := make([]bool, len(vis))
+	for i, e := range vis {
+		srcs[i], isImage[i] = e.src, e.kind == kindImage
+	}
+	out := make(map[string]*shown, len(vis))
+	names := make(map[*shown]string)
+	var images []*shown
+	for i, name := range assignNames(srcs, isImage) {
+		e := vis[i]
+		if name == "" {
+			if !e.noted {
+				m.log.Warn("image not shown: its name and its fallback name are both taken", "image", m.src.abs(e.rel))
+				e.noted = true
+			}
+			continue
+		}
+		x := &shown{e: e}
+		if e.kind == kindImage {
+			x.size = e.facts.size
+			images = append(images, x)
+			names[x] = name
+		}
+		out[name] = x
+	}
+	sort.Slice(images, func(i, j int) bool { return names[images[i]] < names[images[j]] })
+	// Snapshots, by image name then table order (names.go, rule 4).
+	var disks []*shown
+	for _, img := range images {
+		disks = append(disks, img)
+		for _, sn := range img.e.facts.snaps {
+			name, fallback := snapshotNames(names[img], sn.id, sn.name)
+			if out[name] != nil {
+				name = fallback
+			}
+			if out[name] != nil {
+				continue
+			}
+			x := &shown{e: img.e, snap: sn.index, size: sn.size}
+			out[name] = x
+			names[x] = name
+			disks = append(disks, x)
+		}
+	}
+	// The folders of partitions, after every other name (parts.go).
+	if !m.cfg.NoPartitions {
+		sort.Slice(disks, func(i, j int) bool { return names[disks[i]] < names[disks[j]] })
+		for _, x := range disks {
+			t := x.e.facts.table
+			if x.snap != 0 {
+				t = x.e.facts.snaps[x.snap-1].table
+			}
+			name := partsName(names[x])
+			if t == nil || out[name] != nil {
+				continue
+			}
+			out[name] = &shown{e: x.e, snap: x.snap, part: partsFolder, size: x.size, table: t}
+		}
+	}
+	return out
+}
