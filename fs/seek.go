@@ -8,7 +8,6 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"golang.org/x/sys/unix"
 
-
 	"github.com/qcowfs/qcowfs/qcow2"
 )
 
