@@ -2,7 +2,6 @@ package fs
 
 import (
 	"context"
-	"os"
 	"sort"
 	"sync"
 	"syscall"
@@ -24,8 +23,9 @@ type dirNode struct {
 	rel  string // the source folder, relative to the source root
 	only string // when set, the folder shows only this source entry
 
-	scanMu sync.Mutex // serializes scans of this folder (they do I/O)
-	mu     sync.Mutex // guards cur; never held across I/O
+	// scanMu serializes the scans of this folder (they do I/O, so no
+	// other folder waits for them) and guards cur.
+	scanMu sync.Mutex
 	cur    *dirScan
 }
 
@@ -179,18 +179,4 @@ func (m *mount) fillAttr(a *fuse.Attr, x *shown) (final bool) {
 	a.Blocks = (uint64(used) + 511) / 512
 	a.Nlink = 1
 	return counted
-}
-
-// readNames lists the names in the source folder rel.
-func (m *mount) readNames(rel string) ([]string, *os.File, error) {
-	f, err := m.src.dir(rel)
-	if err != nil {
-		return nil, nil, err
-	}
-	names, err := f.Readdirnames(-1)
-	if err != nil {
-		f.Close()
-		return nil, nil, err
-	}
-	return names, f, nil
 }

@@ -12,23 +12,6 @@ import (
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
-// patch overwrites size bytes at off with val, big-endian.
-func patch(t *testing.T, path string, off int64, size int, val uint64) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	b := make([]byte, size)
-	for i := range b {
-		b[size-1-i] = byte(val >> (8 * i))
-	}
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestMalformedHeaders damages one header field at a time in a qemu-made
 // image. qemu-img refuses each damaged image (the oracle); Open must refuse
 // it too, with an error that names the file and the field.
@@ -43,29 +26,29 @@ func TestMalformedHeaders(t *testing.T) {
 		sentinel  error
 		qemuFails bool // qemu-img refuses the image too
 	}{
-		{"cluster bits too small", 20, 4, 8, "cluster_bits", qcow2.ErrCorrupt, true},
-		{"cluster bits too large", 20, 4, 22, "cluster_bits", qcow2.ErrCorrupt, true},
-		{"version 4", 4, 4, 4, "version 4", qcow2.ErrUnsupported, true},
-		{"L1 table too large", 36, 4, 0x10000000, "l1_size", qcow2.ErrCorrupt, true},
-		{"L1 table too small", 36, 4, 0, "l1_size", qcow2.ErrCorrupt, true},
-		{"L1 offset unaligned", 40, 8, 0x30200, "l1_table_offset", qcow2.ErrCorrupt, true},
+		{"cluster bits too small", qemu.HeaderClusterBits, 4, 8, "cluster_bits", qcow2.ErrCorrupt, true},
+		{"cluster bits too large", qemu.HeaderClusterBits, 4, 22, "cluster_bits", qcow2.ErrCorrupt, true},
+		{"version 4", qemu.HeaderVersion, 4, 4, "version 4", qcow2.ErrUnsupported, true},
+		{"L1 table too large", qemu.HeaderL1Size, 4, 0x10000000, "l1_size", qcow2.ErrCorrupt, true},
+		{"L1 table too small", qemu.HeaderL1Size, 4, 0, "l1_size", qcow2.ErrCorrupt, true},
+		{"L1 offset unaligned", qemu.HeaderL1TableOffset, 8, 0x30200, "l1_table_offset", qcow2.ErrCorrupt, true},
 		// qemu pads reads past the end of the file with zeros and so
 		// accepts this; the L1 table is not in the file, so we refuse.
-		{"L1 offset past EOF", 40, 8, 0x100000000, "l1_table_offset", qcow2.ErrCorrupt, false},
-		{"refcount order 7", 96, 4, 7, "refcount_order", qcow2.ErrCorrupt, true},
-		{"header too short", 100, 4, 96, "header_length", qcow2.ErrCorrupt, true},
-		{"unknown incompatible bit", 72, 8, 0x20, "unknown incompatible feature", qcow2.ErrUnsupported, true},
-		{"unknown compression type", 104, 1, 2, "compression_type", qcow2.ErrCorrupt, true},
-		{"too many snapshots", 60, 4, 70000, "nb_snapshots", qcow2.ErrCorrupt, true},
-		{"unknown encryption", 32, 4, 3, "crypt_method", qcow2.ErrCorrupt, true},
-		{"snapshot table unaligned", 64, 8, 0x30200, "snapshots_offset", qcow2.ErrCorrupt, true},
-		{"refcount table unaligned", 48, 8, 0x30200, "refcount_table_offset", qcow2.ErrCorrupt, true},
-		{"image too big", 24, 8, 1 << 62, "size", qcow2.ErrCorrupt, true},
+		{"L1 offset past EOF", qemu.HeaderL1TableOffset, 8, 0x100000000, "l1_table_offset", qcow2.ErrCorrupt, false},
+		{"refcount order 7", qemu.HeaderRefcountOrder, 4, 7, "refcount_order", qcow2.ErrCorrupt, true},
+		{"header too short", qemu.HeaderHeaderLength, 4, 96, "header_length", qcow2.ErrCorrupt, true},
+		{"unknown incompatible bit", qemu.HeaderIncompatibleFeatures, 8, 0x20, "unknown incompatible feature", qcow2.ErrUnsupported, true},
+		{"unknown compression type", qemu.HeaderCompressionType, 1, 2, "compression_type", qcow2.ErrCorrupt, true},
+		{"too many snapshots", qemu.HeaderNbSnapshots, 4, 70000, "nb_snapshots", qcow2.ErrCorrupt, true},
+		{"unknown encryption", qemu.HeaderCryptMethod, 4, 3, "crypt_method", qcow2.ErrCorrupt, true},
+		{"snapshot table unaligned", qemu.HeaderSnapshotsOffset, 8, 0x30200, "snapshots_offset", qcow2.ErrCorrupt, true},
+		{"refcount table unaligned", qemu.HeaderRefcountTableOffset, 8, 0x30200, "refcount_table_offset", qcow2.ErrCorrupt, true},
+		{"image too big", qemu.HeaderSize, 8, 1 << 62, "size", qcow2.ErrCorrupt, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".qcow2")
 			qemu.Create(t, "qcow2", p, "64M")
-			patch(t, p, tc.off, tc.size, tc.val)
+			qemu.PatchU(t, p, tc.off, tc.size, tc.val)
 			qemuErr := exec.Command("qemu-img", "info", p).Run()
 			if (qemuErr != nil) != tc.qemuFails {
 				t.Fatalf("qemu-img info: %v; this case expects it to fail: %v", qemuErr, tc.qemuFails)

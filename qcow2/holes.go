@@ -16,7 +16,7 @@ import (
 // Everything else, compressed clusters included, is data.
 //
 // Answers come from a cached index. The disk is cut into chunks, each the
-// guest span of one L2 table of the image (at least chunkMin); a chunk's
+// guest span of one L2 table of the image (at least 64 MiB); a chunk's
 // entry is the sorted list of its data runs, built on first use by walking
 // its extents through the chain. So one lseek costs a binary search once
 // its chunk is built, and a forward walk of the disk costs O(chunks +
@@ -25,7 +25,7 @@ import (
 // an image builds nothing.
 
 const (
-	chunkMin = 64 << 20
+	chunkMinBits = 26 // 64 MiB
 	// indexBudget bounds the memory of one image's index: 1 MiB, 64Ki
 	// runs of 16 bytes.
 	indexBudget = 1 << 20
@@ -59,7 +59,7 @@ type holeIndex struct {
 func (img *Image) index() *holeIndex {
 	img.indexOnce.Do(func() {
 		l := img.top
-		bits := uint(26) // chunkMin
+		bits := uint(chunkMinBits)
 		if !l.raw {
 			if b := l.clusterBits + l.l2Bits; b > bits {
 				bits = b

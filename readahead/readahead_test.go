@@ -257,10 +257,7 @@ func TestFile(t *testing.T) {
 	defer f.Close()
 	r := New(f, Options{MinWindow: 16 << 10, MaxWindow: 256 << 10})
 	defer r.Close()
-	reads := []span{}
-	for _, c := range clusters(size, 16) {
-		reads = append(reads, c)
-	}
+	reads := append([]span{}, clusters(size, 16)...)
 	reads = append(reads, scan(size-100_000, 4096, 4096, 100, size)...)
 	rng := rand.New(rand.NewPCG(16, 16))
 	for range 500 {

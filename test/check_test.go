@@ -1,7 +1,6 @@
 package test
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"os"
@@ -56,35 +55,6 @@ func TestCheckMatchesQemu(t *testing.T) {
 	}
 }
 
-// refcountEntryOffset returns where the refcount of host cluster c is
-// stored, for 16-bit refcounts in the first refcount block.
-func refcountEntryOffset(t *testing.T, path string, c int64) int64 {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var b [8]byte
-	f.ReadAt(b[:], 48) // refcount_table_offset
-	rt := int64(binary.BigEndian.Uint64(b[:]))
-	f.ReadAt(b[:], rt)
-	block := int64(binary.BigEndian.Uint64(b[:]) &^ 0x1ff)
-	return block + 2*c
-}
-
-func readU(t *testing.T, path string, off int64, size int) uint64 {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	b := make([]byte, 8)
-	f.ReadAt(b[8-size:], off)
-	return binary.BigEndian.Uint64(b)
-}
-
 // TestCheckDamaged damages images on purpose; qcowfs check must find each
 // problem with qemu-img check's classification (the same corruption and
 // leak counts and exit status), and reading the damaged range through the
@@ -98,28 +68,28 @@ func TestCheckDamaged(t *testing.T) {
 	qemu.IO(t, base, "write -P 0x51 0 256k", "write -P 0x52 1M 64k")
 	damage := map[string]func(p string){
 		"refcount-decremented": func(p string) {
-			_, e := l2EntryOffset(t, p, 0)
-			at := refcountEntryOffset(t, p, int64(e&0x00fffffffffffe00)/cs)
-			patchU(t, p, at, 2, readU(t, p, at, 2)-1)
+			_, e := qemu.L2EntryOffset(t, p, 0)
+			at := qemu.RefcountEntryOffset(t, p, int64(e&0x00fffffffffffe00)/cs)
+			qemu.PatchU(t, p, at, 2, qemu.ReadU(t, p, at, 2)-1)
 		},
 		"refcount-incremented": func(p string) {
-			_, e := l2EntryOffset(t, p, 1)
-			at := refcountEntryOffset(t, p, int64(e&0x00fffffffffffe00)/cs)
-			patchU(t, p, at, 2, readU(t, p, at, 2)+1)
+			_, e := qemu.L2EntryOffset(t, p, 1)
+			at := qemu.RefcountEntryOffset(t, p, int64(e&0x00fffffffffffe00)/cs)
+			qemu.PatchU(t, p, at, 2, qemu.ReadU(t, p, at, 2)+1)
 		},
 		"l2-into-l1": func(p string) {
-			at, e := l2EntryOffset(t, p, 2)
-			l1 := readU(t, p, 40, 8)
-			patchU(t, p, at, 8, e&^0x00fffffffffffe00|l1)
+			at, e := qemu.L2EntryOffset(t, p, 2)
+			l1 := qemu.ReadU(t, p, 40, 8)
+			qemu.PatchU(t, p, at, 8, e&^0x00fffffffffffe00|l1)
 		},
 		"shared-cluster": func(p string) {
-			_, e0 := l2EntryOffset(t, p, 0)
-			at, _ := l2EntryOffset(t, p, 3)
-			patchU(t, p, at, 8, e0)
+			_, e0 := qemu.L2EntryOffset(t, p, 0)
+			at, _ := qemu.L2EntryOffset(t, p, 3)
+			qemu.PatchU(t, p, at, 8, e0)
 		},
 		"table-past-eof": func(p string) {
-			l1 := int64(readU(t, p, 40, 8))
-			patchU(t, p, l1, 8, 1<<63|1<<40)
+			l1 := int64(qemu.ReadU(t, p, 40, 8))
+			qemu.PatchU(t, p, l1, 8, 1<<63|1<<40)
 		},
 	}
 	for name, f := range damage {

@@ -14,44 +14,6 @@ import (
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
-// l2EntryOffset returns where, in a qcow2 file, the L2 entry of guest
-// cluster n lives (n within the first L2 table), and the entry. It reads
-// the header fields the specification places at fixed offsets.
-func l2EntryOffset(t *testing.T, path string, n int64) (int64, uint64) {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var b [8]byte
-	read := func(off int64, size int) uint64 {
-		if _, err := f.ReadAt(b[:size], off); err != nil {
-			t.Fatal(err)
-		}
-		if size == 4 {
-			return uint64(binary.BigEndian.Uint32(b[:4]))
-		}
-		return binary.BigEndian.Uint64(b[:])
-	}
-	l1 := int64(read(40, 8))
-	l2 := int64(read(l1, 8) & 0x00fffffffffffe00)
-	at := l2 + 8*n
-	return at, read(at, 8)
-}
-
-func writeAt(t *testing.T, path string, off int64, b []byte) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestCorruptCompressedCluster: a compressed cluster with a broken deflate
 // stream, and one whose descriptor points past the end of the file, fail
 // that read with EIO (qemu fails them too); the rest of the image and the
@@ -74,21 +36,21 @@ func TestCorruptCompressedCluster(t *testing.T) {
 	// badstream: the compressed bytes of cluster 3 overwritten.
 	bad := filepath.Join(src, "badstream.qcow2")
 	qemu.Run(t, "cp", good, bad)
-	_, e := l2EntryOffset(t, bad, 3)
+	_, e := qemu.L2EntryOffset(t, bad, 3)
 	if e&(1<<62) == 0 {
 		t.Fatalf("cluster 3 is not compressed: L2 entry %#x", e)
 	}
 	x := uint(62 - (16 - 8)) // cluster_bits 16
 	coff := int64(e & (1<<x - 1))
-	writeAt(t, bad, coff, bytes.Repeat([]byte{0xff}, 64))
+	qemu.WriteAt(t, bad, coff, bytes.Repeat([]byte{0xff}, 64))
 
 	// pasteof: cluster 3's descriptor points past the end of the file.
 	past := filepath.Join(src, "pasteof.qcow2")
 	qemu.Run(t, "cp", good, past)
-	at, e := l2EntryOffset(t, past, 3)
+	at, e := qemu.L2EntryOffset(t, past, 3)
 	var nb [8]byte
 	binary.BigEndian.PutUint64(nb[:], e&^(1<<x-1)|(1<<40))
-	writeAt(t, past, at, nb[:])
+	qemu.WriteAt(t, past, at, nb[:])
 
 	// The oracle: qemu cannot read those clusters either.
 	for _, p := range []string{bad, past} {

@@ -19,6 +19,11 @@ import (
 // qcowfsBin is the qcowfs binary under test, built once by TestMain.
 var qcowfsBin string
 
+// With QCOWFS_TEST_RACE=1 (make test sets it), the binary is built with the
+// race detector, every daemon the tests start writes race reports under
+// raceDir (GORACE log_path), and TestMain fails the run if any appear.
+var raceDir string
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "qcowfs-test-bin")
 	if err != nil {
@@ -26,13 +31,28 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	qcowfsBin = filepath.Join(dir, "qcowfs")
-	build := exec.Command("go", "build", "-o", qcowfsBin, "../cmd/qcowfs")
+	args := []string{"build", "-o", qcowfsBin}
+	if os.Getenv("QCOWFS_TEST_RACE") == "1" {
+		args = append(args, "-race")
+		raceDir = filepath.Join(dir, "race")
+		os.Mkdir(raceDir, 0o755)
+		os.Setenv("GORACE", "log_path="+filepath.Join(raceDir, "report")+" halt_on_error=0")
+	}
+	build := exec.Command("go", append(args, "../cmd/qcowfs")...)
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building qcowfs:", err)
 		os.Exit(1)
 	}
 	code := m.Run()
+	if raceDir != "" {
+		reports, _ := filepath.Glob(filepath.Join(raceDir, "report*"))
+		for _, r := range reports {
+			b, _ := os.ReadFile(r)
+			fmt.Fprintf(os.Stderr, "the race detector reported, in %s:\n%s\n", r, b)
+			code = 1
+		}
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -2,7 +2,6 @@ package test
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"os"
 	"os/exec"
@@ -15,40 +14,6 @@ import (
 
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
-
-// patchU patches a big-endian integer of size bytes at off.
-func patchU(t *testing.T, path string, off int64, size int, val uint64) {
-	t.Helper()
-	b := make([]byte, size)
-	for i := range b {
-		b[size-1-i] = byte(val >> (8 * i))
-	}
-	writeAt(t, path, off, b)
-}
-
-// headerExtension returns the byte offset of the first header extension
-// of type typ in a version 3 qcow2 image, or fails.
-func headerExtension(t *testing.T, path string, typ uint32) int64 {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	off := int64(binary.BigEndian.Uint32(b[100:])) // header_length
-	for off+8 <= int64(len(b)) {
-		et := binary.BigEndian.Uint32(b[off:])
-		n := int64(binary.BigEndian.Uint32(b[off+4:]))
-		if et == typ {
-			return off
-		}
-		if et == 0 {
-			break
-		}
-		off += 8 + (n+7)&^7
-	}
-	t.Fatalf("%s: no header extension %#x", path, typ)
-	return 0
-}
 
 // readWithin reads n bytes at off of file, failing the test if the read
 // does not answer within d: a hostile image must not hang the daemon.
@@ -100,15 +65,15 @@ func TestHostileImages(t *testing.T) {
 	refused := map[string]string{}
 	refuse := func(name, reason string) { refused[name] = reason }
 
-	patchU(t, mk("bits.qcow2", "1M"), 20, 4, 40)
+	qemu.PatchU(t, mk("bits.qcow2", "1M"), qemu.HeaderClusterBits, 4, 40)
 	refuse("bits.qcow2", "cluster_bits")
-	patchU(t, mk("l1huge.qcow2", "1M"), 36, 4, 0x7fffffff)
+	qemu.PatchU(t, mk("l1huge.qcow2", "1M"), qemu.HeaderL1Size, 4, 0x7fffffff)
 	refuse("l1huge.qcow2", "l1_size")
-	patchU(t, mk("l1eof.qcow2", "1M"), 40, 8, 1<<40)
+	qemu.PatchU(t, mk("l1eof.qcow2", "1M"), qemu.HeaderL1TableOffset, 8, 1<<40)
 	refuse("l1eof.qcow2", "l1_table_offset")
-	patchU(t, mk("version.qcow2", "1M"), 4, 4, 4)
+	qemu.PatchU(t, mk("version.qcow2", "1M"), qemu.HeaderVersion, 4, 4)
 	refuse("version.qcow2", "version 4")
-	patchU(t, mk("reftable.qcow2", "1M"), 56, 4, 1<<20)
+	qemu.PatchU(t, mk("reftable.qcow2", "1M"), qemu.HeaderRefcountTableClusters, 4, 1<<20)
 	refuse("reftable.qcow2", "refcount_table_clusters")
 
 	// Truncated: the L2 table is gone.
@@ -120,9 +85,9 @@ func TestHostileImages(t *testing.T) {
 	// An unknown incompatible feature, named in the image's own feature
 	// name table (qemu refuses it by that name too).
 	unk := mk("unknown.qcow2", "1M")
-	ft := headerExtension(t, unk, 0x6803f857)
-	writeAt(t, unk, ft+8, append([]byte{0, 9}, []byte("teleportation\x00")...))
-	patchU(t, unk, 72, 8, 1<<9)
+	ft := qemu.HeaderExtension(t, unk, 0x6803f857)
+	qemu.WriteAt(t, unk, ft+8, append([]byte{0, 9}, []byte("teleportation\x00")...))
+	qemu.PatchU(t, unk, qemu.HeaderIncompatibleFeatures, 8, 1<<9)
 	if out, _ := exec.Command("qemu-img", "info", unk).CombinedOutput(); !strings.Contains(string(out), "teleportation") {
 		t.Fatalf("qemu-img info does not name the feature: %s", out)
 	}
@@ -131,11 +96,11 @@ func TestHostileImages(t *testing.T) {
 	// Encryption.
 	qemu.CreateEncrypted(t, filepath.Join(src, "luks.qcow2"), "luks")
 	refuse("luks.qcow2", "encrypted (luks): not supported")
-	patchU(t, mk("aes.qcow2", "1M"), 32, 4, 1)
+	qemu.PatchU(t, mk("aes.qcow2", "1M"), qemu.HeaderCryptMethod, 4, 1)
 	refuse("aes.qcow2", "encrypted (aes): not supported")
 
 	// The corrupt bit.
-	patchU(t, mk("corrupt.qcow2", "1M"), 72, 8, 2)
+	qemu.PatchU(t, mk("corrupt.qcow2", "1M"), qemu.HeaderIncompatibleFeatures, 8, 2)
 	refuse("corrupt.qcow2", "corrupt bit")
 
 	// Backing files that reach outside the source folder, or loop.
@@ -158,24 +123,24 @@ func TestHostileImages(t *testing.T) {
 	// Served, but reads of the damaged clusters fail with EIO.
 	l2eof := mk("l2eof.qcow2", "4M")
 	qemu.IO(t, l2eof, "write -P 0x64 0 256k")
-	at, _ := l2EntryOffset(t, l2eof, 1)
-	patchU(t, l2eof, at, 8, 1<<63|1<<41)
+	at, _ := qemu.L2EntryOffset(t, l2eof, 1)
+	qemu.PatchU(t, l2eof, at, 8, 1<<63|1<<41)
 
 	// Served as is: dirty, lazy refcounts, an unknown compatible bit, a
 	// raw backing file with no format in the image (probed: raw, with a
 	// warning), and a qcow2 file declared raw (read as raw, not probed).
 	dirty := mk("dirty.qcow2", "1M")
 	qemu.IO(t, dirty, "write -P 0x65 0 64k")
-	patchU(t, dirty, 72, 8, 1)
+	qemu.PatchU(t, dirty, qemu.HeaderIncompatibleFeatures, 8, 1)
 	lazy := mk("lazy.qcow2", "1M", "-o", "lazy_refcounts=on")
 	qemu.IO(t, lazy, "write -P 0x66 0 64k")
 	compat := mk("compat.qcow2", "1M")
 	qemu.IO(t, compat, "write -P 0x67 0 64k")
-	patchU(t, compat, 80, 8, 1<<17)
+	qemu.PatchU(t, compat, qemu.HeaderCompatibleFeatures, 8, 1<<17)
 	base := filepath.Join(src, "base.img.raw")
 	qemu.Create(t, "raw", base, "1M")
 	noformat := mk("noformat.qcow2", "1M", "-b", "base.img.raw", "-F", "raw")
-	patchU(t, noformat, headerExtension(t, noformat, 0xe2792aca), 4, 0x5a5a5a5a)
+	qemu.PatchU(t, noformat, qemu.HeaderExtension(t, noformat, 0xe2792aca), 4, 0x5a5a5a5a)
 	mk("declared-raw.qcow2", "2M", "-b", "good.qcow2", "-F", "raw")
 	// A relative external data file name, resolved like a backing file
 	// (relative to the image's folder; qemu resolves it against its own

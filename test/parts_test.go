@@ -237,7 +237,7 @@ func TestPartitionDamage(t *testing.T) {
 		t.Fatalf("sfdisk: %v %s", err, out)
 	}
 	want := sfdiskParts(t, gpt)
-	writeAt(t, gpt, 512, bytes.Repeat([]byte{0xee}, 92)) // the primary GPT header
+	qemu.WriteAt(t, gpt, 512, bytes.Repeat([]byte{0xee}, 92)) // the primary GPT header
 	qemu.Img(t, "convert", "-q", "-f", "raw", "-O", "qcow2", gpt, filepath.Join(src, "gpt.qcow2"))
 
 	mbr := filepath.Join(work, "mbr.img")
@@ -249,7 +249,7 @@ func TestPartitionDamage(t *testing.T) {
 	}
 	// Partition 2's size field (entry 2 at 446+16, size at +12): 1 GiB.
 	binary32 := []byte{0, 0, 0x20, 0}
-	writeAt(t, mbr, 446+16+12, binary32)
+	qemu.WriteAt(t, mbr, 446+16+12, binary32)
 	qemu.Img(t, "convert", "-q", "-f", "raw", "-O", "qcow2", mbr, filepath.Join(src, "mbr.qcow2"))
 
 	m := mountImages(t, src)

@@ -1,7 +1,6 @@
 package test
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -151,24 +150,8 @@ func TestTreeFollowsChanges(t *testing.T) {
 // cluster far past the end of the file, keeping the flags.
 func corruptFirstL2Entry(t testing.TB, path string) {
 	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var b [8]byte
-	read := func(off int64) uint64 {
-		if _, err := f.ReadAt(b[:], off); err != nil {
-			t.Fatal(err)
-		}
-		return binary.BigEndian.Uint64(b[:])
-	}
-	l1 := read(40) // l1_table_offset
-	l2 := read(int64(l1)) & 0x00fffffffffffe00
-	binary.BigEndian.PutUint64(b[:], 1<<63|1<<40)
-	if _, err := f.WriteAt(b[:], int64(l2)); err != nil {
-		t.Fatal(err)
-	}
+	at, _ := qemu.L2EntryOffset(t, path, 0)
+	qemu.PatchU(t, path, at, 8, 1<<63|1<<40)
 }
 
 // countLines counts the lines of text that contain s.

@@ -71,9 +71,6 @@ func (r result) sample(metric string) (sample, error) {
 	return s, r.err
 }
 
-// ok reports whether the command ran and exited 0.
-func (r result) ok() bool { return r.err == nil }
-
 // run runs c, bounded by its timeout and by the bench's context.
 func (b *bench) run(c *cmd) result {
 	timeout := c.timeout
