@@ -7,12 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qcowfs/qcowfs/internal/mountinfo"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -103,13 +103,8 @@ func (m *mount) logText(t testing.TB) string {
 }
 
 func isMounted(dir string) bool {
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
-			return true
-		}
-	}
-	return false
+	m, err := mountinfo.At(dir)
+	return err == nil && m != nil
 }
 
 // waitFor polls cond until it holds or the deadline passes: for conditions

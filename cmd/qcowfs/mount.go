@@ -13,13 +13,13 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
-	"strconv"
 	"strings"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 
 	"github.com/qcowfs/qcowfs/fs"
+	"github.com/qcowfs/qcowfs/internal/mountinfo"
 	"github.com/qcowfs/qcowfs/qcow2"
 )
 
@@ -193,14 +193,14 @@ func (c *mountCmd) preflight() error {
 	if err != nil {
 		return fmt.Errorf("mount point: %w", err)
 	}
-	if m, err := mountAt(realMnt); err != nil {
+	if m, err := mountinfo.At(realMnt); err != nil {
 		return err
 	} else if m != nil {
 		how := "umount"
-		if m.fstype == "fuse.qcowfs" {
+		if m.FSType == "fuse.qcowfs" {
 			how = "qcowfs unmount"
 		}
-		return fmt.Errorf("mount point %s: already a mount point (%s; unmount it first: %s %s)", c.Mountpoint, m.fstype, how, c.Mountpoint)
+		return fmt.Errorf("mount point %s: already a mount point (%s; unmount it first: %s %s)", c.Mountpoint, m.FSType, how, c.Mountpoint)
 	}
 	realSrc, err := filepath.EvalSymlinks(c.Source)
 	if err != nil {
@@ -243,83 +243,6 @@ func hasUserAllowOther(conf []byte) bool {
 		}
 	}
 	return false
-}
-
-// mountAt returns the topmost mount on path (without symlinks), from
-// /proc/self/mountinfo, or nil if path is not a mount point.
-func mountAt(path string) (*mountInfo, error) {
-	mounts, err := readMountinfo()
-	if err != nil {
-		return nil, err
-	}
-	// Mounts stacked on path: the top one is no other's parent.
-	var on []*mountInfo
-	for i := range mounts {
-		if mounts[i].point == path {
-			on = append(on, &mounts[i])
-		}
-	}
-	for _, m := range on {
-		top := true
-		for _, o := range on {
-			if o.parent == m.id && o != m {
-				top = false
-			}
-		}
-		if top {
-			return m, nil
-		}
-	}
-	return nil, nil
-}
-
-type mountInfo struct {
-	id, parent    string
-	point, fstype string
-}
-
-func readMountinfo() ([]mountInfo, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	var out []mountInfo
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		// ID parent major:minor root point options [optional...] - fstype source superopts
-		if len(f) < 7 {
-			continue
-		}
-		m := mountInfo{id: f[0], parent: f[1], point: unescapeMount(f[4])}
-		for i := 6; i < len(f)-1; i++ {
-			if f[i] == "-" {
-				m.fstype = f[i+1]
-				break
-			}
-		}
-		out = append(out, m)
-	}
-	return out, nil
-}
-
-// unescapeMount undoes the octal escapes (\040 for space, ...) of
-// /proc/self/mountinfo.
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // daemonize re-executes this program as the daemon and waits for it to

@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"syscall"
+
+	"github.com/qcowfs/qcowfs/internal/mountinfo"
 )
 
 type unmountCmd struct {
@@ -21,15 +23,15 @@ func (c *unmountCmd) Run() error {
 	if real, err := filepath.EvalSymlinks(mnt); err == nil {
 		mnt = real
 	}
-	m, err := mountAt(mnt)
+	m, err := mountinfo.At(mnt)
 	if err != nil {
 		return err
 	}
 	if m == nil {
 		return fmt.Errorf("%s: not mounted", c.Mountpoint)
 	}
-	if m.fstype != "fuse.qcowfs" {
-		return fmt.Errorf("%s: a %s mount, not a qcowfs one", c.Mountpoint, m.fstype)
+	if m.FSType != "fuse.qcowfs" {
+		return fmt.Errorf("%s: a %s mount, not a qcowfs one", c.Mountpoint, m.FSType)
 	}
 	return unmount(mnt, c.Lazy)
 }
