@@ -20,6 +20,10 @@
 //   - compress.go: deflate and zstd compressed clusters.
 //   - backing.go: resolving and opening backing files.
 //   - info.go: the image summary printed by `qcowfs info`.
+//   - crypt.go: describing encrypted images (AES, the LUKS header), which
+//     are not read.
+//   - probe.go: the build's inflater, lock probing without locks, locks on
+//     raw files.
 //
 // Everything hangs off the opened Image; there is no package-level state.
 // An Image is safe for concurrent use by many goroutines.
