@@ -4,12 +4,18 @@ package test
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
 // TestCLIDaemonReady: "qcowfs mount" returns only once the mount is live.
@@ -234,4 +240,181 @@ func TestUnmount(t *testing.T) {
 			t.Fatalf("the tmpfs on %s is gone: %+v", dir, m)
 		}
 	})
+}
+
+// TestMountReportsRefused: qcowfs mount of a folder prints one line for
+// each image it does not show (which, why, the flag that shows it) and
+// exits 0; qcowfs status says the same, and the mount's facts, in both
+// formats, over the daemon's control socket (mode 0600).
+func TestMountReportsRefused(t *testing.T) {
+	requireFUSE(t)
+	src := t.TempDir()
+	_, goodRaw := cliImage(t, src, "good")
+	outside := t.TempDir()
+	over, _ := cliChainOutside(t, src, outside)
+	corrupt := filepath.Join(src, "sub", "corrupt.qcow2")
+	cliMkdir(t, src, "sub")
+	qemu.Create(t, "qcow2", corrupt, "1M")
+	cliSetIncompat(t, corrupt, 2)
+	locked, _ := cliImage(t, src, "locked")
+	holdOpen(t, locked)
+	want := map[string]string{over: "--allow-backing-outside", corrupt: "--allow-corrupt", locked: "--force-share"}
+
+	mnt := t.TempDir()
+	cliCleanup(t, mnt)
+	logFile := filepath.Join(t.TempDir(), "log")
+	r := cliRun(t, "mount", "--log-file", logFile, src, mnt)
+	cliWantOK(t, "qcowfs mount", r)
+	lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+	if len(lines) != len(want) {
+		t.Errorf("qcowfs mount printed %d lines, want one per refused image (%d):\n%s", len(lines), len(want), r.stderr)
+	}
+	for img, flag := range want {
+		found := false
+		for _, l := range lines {
+			if strings.HasPrefix(l, "qcowfs: not shown: "+img+": ") && strings.Contains(l, flag) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no line says %s is not shown and names %s:\n%s", img, flag, r.stderr)
+		}
+	}
+	sameFile(t, filepath.Join(mnt, "good.raw"), goodRaw)
+
+	daemons := cliDaemons(t, mnt)
+	if len(daemons) != 1 {
+		t.Fatalf("want one daemon, have %v", daemons)
+	}
+	r = cliRun(t, "status", "--output=json", mnt)
+	cliWantOK(t, "qcowfs status --output=json", r)
+	var st struct {
+		Source, Mountpoint, Log string
+		PID                     int
+		Started                 time.Time
+		Refused                 []struct{ Image, Reason, Hint string }
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("qcowfs status --output=json: %v\n%s", err, r.stdout)
+	}
+	if st.Source != src || st.Mountpoint != mnt || st.PID != daemons[0] || st.Log != logFile || time.Since(st.Started) > time.Minute {
+		t.Errorf("qcowfs status: %+v; want source %s, mountpoint %s, pid %d, log %s, started just now", st, src, mnt, daemons[0], logFile)
+	}
+	if len(st.Refused) != len(want) {
+		t.Errorf("qcowfs status lists %d refused images, want %d: %+v", len(st.Refused), len(want), st.Refused)
+	}
+	for _, ref := range st.Refused {
+		if flag, ok := want[ref.Image]; !ok || !strings.Contains(ref.Reason+ref.Hint, flag) {
+			t.Errorf("qcowfs status: refused %+v; want one of %v with its flag", ref, want)
+		}
+	}
+	r = cliRun(t, "status", mnt)
+	cliWantOK(t, "qcowfs status", r)
+	for _, w := range []string{"source:      " + src, "mount point: " + mnt, fmt.Sprintf("pid %d", daemons[0]), "not shown:   3 images", over} {
+		if !strings.Contains(r.stdout, w) {
+			t.Errorf("qcowfs status does not say %q:\n%s", w, r.stdout)
+		}
+	}
+	// The socket is the owner's only.
+	sock := filepath.Join("/run/qcowfs", cliEscape(mnt)+".sock")
+	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o600 || fi.Mode()&os.ModeSocket == 0 {
+		t.Errorf("control socket %s: %v, %v; want a socket of mode 0600", sock, fi.Mode(), err)
+	}
+	cliWantOK(t, "qcowfs unmount", cliRun(t, "unmount", mnt))
+	cliWaitGone(t, mnt)
+	if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("control socket %s left behind after unmount: %v", sock, err)
+	}
+	cliWantError(t, "qcowfs status (unmounted)", cliRun(t, "status", mnt), mnt, "not mounted")
+	tmpfs := t.TempDir()
+	cliTmpfs(t, tmpfs)
+	cliWantError(t, "qcowfs status (tmpfs)", cliRun(t, "status", tmpfs), "not a qcowfs")
+}
+
+// cliEscape escapes a path as systemd-escape --path does, which is how
+// qcowfs names a mount's files in its runtime folder.
+func cliEscape(p string) string {
+	out, err := exec.Command("systemd-escape", "--path", p).Output()
+	if err == nil {
+		return strings.TrimSpace(string(out))
+	}
+	// Without systemd: the same rules, for the plain paths of tests.
+	return strings.ReplaceAll(strings.Trim(p, "/"), "/", "-")
+}
+
+// TestDaemonLogFallback: without syslog the daemon logs to
+// /run/qcowfs/MNT.log and says so once at mount time; SIGHUP reopens the
+// file (logrotate moves it away first).
+func TestDaemonLogFallback(t *testing.T) {
+	requireFUSE(t)
+	if _, err := os.Stat("/dev/log"); err == nil {
+		t.Skip("this machine has syslog (/dev/log): the daemon logs there")
+	}
+	src := t.TempDir()
+	cliImage(t, src, "vm")
+	mnt := t.TempDir()
+	cliCleanup(t, mnt)
+	logFile := filepath.Join("/run/qcowfs", cliEscape(mnt)+".log")
+	os.Remove(logFile)
+	r := cliRun(t, "mount", src, mnt)
+	cliWantOK(t, "qcowfs mount", r)
+	if want := "qcowfs: no syslog (/dev/log): the log is in " + logFile + "\n"; r.stderr != want {
+		t.Errorf("qcowfs mount said %q, want %q", r.stderr, want)
+	}
+	b, err := os.ReadFile(logFile)
+	if err != nil || !strings.Contains(string(b), "msg=mounted") || !strings.Contains(string(b), "mountpoint="+mnt) {
+		t.Fatalf("log %s: %v\n%s", logFile, err, b)
+	}
+	rotated := logFile + ".1"
+	if err := os.Rename(logFile, rotated); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(rotated); os.Remove(logFile) })
+	daemons := cliDaemons(t, mnt)
+	if len(daemons) != 1 {
+		t.Fatalf("want one daemon, have %v", daemons)
+	}
+	syscall.Kill(daemons[0], syscall.SIGHUP)
+	waitFor(t, "the daemon to reopen its log", 10*time.Second, func() bool {
+		b, _ := os.ReadFile(logFile)
+		return strings.Contains(string(b), "log file reopened")
+	})
+	cliWantOK(t, "qcowfs unmount", cliRun(t, "unmount", mnt))
+	cliWaitGone(t, mnt)
+	now, _ := os.ReadFile(logFile)
+	old, _ := os.ReadFile(rotated)
+	if !strings.Contains(string(now), "msg=unmounted") || strings.Contains(string(old), "msg=unmounted") {
+		t.Errorf("after SIGHUP the log goes to the new file:\nnew %s:\n%s\nold %s:\n%s", logFile, now, rotated, old)
+	}
+}
+
+// TestKilledDaemonRecovery: after the daemon is killed the mount point is
+// dead ("Transport endpoint is not connected"); qcowfs unmount -z clears
+// it, as the README says, and the folder mounts again.
+func TestKilledDaemonRecovery(t *testing.T) {
+	requireFUSE(t)
+	src := t.TempDir()
+	_, raw := cliImage(t, src, "vm")
+	mnt := t.TempDir()
+	cliCleanup(t, mnt)
+	logFile := filepath.Join(t.TempDir(), "log")
+	cliWantOK(t, "qcowfs mount", cliRun(t, "mount", "--log-file", logFile, src, mnt))
+	daemons := cliDaemons(t, mnt)
+	if len(daemons) != 1 {
+		t.Fatalf("want one daemon, have %v", daemons)
+	}
+	syscall.Kill(daemons[0], syscall.SIGKILL)
+	cliWaitGone(t, mnt)
+	if _, err := os.Stat(filepath.Join(mnt, "vm.raw")); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("stat in the dead mount: %v, want ENOTCONN", err)
+	}
+	cliWantError(t, "qcowfs mount on the dead mount", cliRun(t, "mount", src, mnt), "already a mount point", "qcowfs unmount")
+	cliWantOK(t, "qcowfs unmount -z", cliRun(t, "unmount", "-z", mnt))
+	if cliMountAt(t, mnt) != nil {
+		t.Fatalf("%s still mounted after qcowfs unmount -z", mnt)
+	}
+	cliWantOK(t, "qcowfs mount again", cliRun(t, "mount", "--log-file", logFile, src, mnt))
+	sameFile(t, filepath.Join(mnt, "vm.raw"), raw)
+	cliWantOK(t, "qcowfs unmount", cliRun(t, "unmount", mnt))
+	cliWaitGone(t, mnt)
 }

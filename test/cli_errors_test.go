@@ -8,6 +8,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -48,6 +49,9 @@ func TestCLIErrors(t *testing.T) {
 		{"MNT inside SRC", []string{"mount", src, inside}, inside, []string{"inside"}},
 		{"MNT is SRC", []string{"mount", src, src}, src, []string{"inside"}},
 		{"SRC inside MNT", []string{"mount", hiddenSrc, outer}, outer, []string{"inside"}},
+		{"SRC is /", []string{"mount", "/", mnt}, mnt, []string{"inside the source folder /"}},
+		{"SRC is an ancestor of MNT", []string{"mount", root, mnt}, mnt, []string{"inside the source folder " + root}},
+		{"SRC is an ancestor, relative", []string{"mount", "..", "."}, mnt, []string{"inside the source folder"}},
 		{"SRC not qcow2", []string{"mount", notImage, mnt}, mnt, []string{notImage, "not a qcow2 image"}},
 		{"unknown option", []string{"mount", "-o", "ro,bogus", src, mnt}, mnt, []string{"bogus"}},
 		{"unknown option helper", []string{src, mnt, "-o", "ro,allow_other,bogus"}, mnt, []string{"bogus"}},
@@ -62,7 +66,11 @@ func TestCLIErrors(t *testing.T) {
 			mountsBefore := cliMountsUnder(t, root)
 			daemonsBefore := cliDaemons(t, c.mnt)
 			// Errors are found before anything is mounted: quickly.
-			r := cliRunCmdTimeout(t, exec.Command(qcowfsBin, c.args...), 20*time.Second)
+			cmd := exec.Command(qcowfsBin, c.args...)
+			if strings.HasSuffix(c.name, "relative") {
+				cmd.Dir = c.mnt
+			}
+			r := cliRunCmdTimeout(t, cmd, 20*time.Second)
 			cliWantError(t, "qcowfs "+strings.Join(c.args, " "), r, c.words...)
 			if after := cliMountsUnder(t, root); !reflect.DeepEqual(after, mountsBefore) {
 				t.Errorf("mounts under %s changed:\nbefore %v\nafter  %v", root, mountsBefore, after)
@@ -73,15 +81,52 @@ func TestCLIErrors(t *testing.T) {
 		})
 	}
 
-	// Command line syntax errors: kong prints the command's usage on
-	// stdout, and the reason as one line on stderr.
-	for _, args := range [][]string{{"mount", src}, {"mount", "--no-such-flag", src, mnt}, {"mount", "--log-level", "loud", src, mnt}, {"frobnicate"}} {
-		r := cliRun(t, args...)
-		if r.code == 0 || !strings.HasPrefix(r.stderr, "qcowfs: ") || strings.Count(r.stderr, "\n") != 1 {
-			t.Errorf("qcowfs %s: status %d, stderr %q; want an error, in one line", strings.Join(args, " "), r.code, r.stderr)
+	// Usage mistakes: one line naming the mistake and the --help to
+	// read, exit status 2, nothing mounted, no daemon.
+	for _, c := range []struct {
+		args  []string
+		words []string
+	}{
+		{[]string{"mount", src}, []string{`expected "<mountpoint>"`, "qcowfs mount --help"}},
+		{[]string{"mount", "--cache-size=12Q", src, mnt}, []string{"--cache-size", `"12Q"`, "qcowfs mount --help"}},
+		{[]string{"mount", "-o", "cache_size=12Q", src, mnt}, []string{"-o cache_size", `"12Q"`}},
+		{[]string{"mount", "--no-such-flag", src, mnt}, []string{"--no-such-flag", "--help"}},
+		{[]string{"mount", "--log-level", "loud", src, mnt}, []string{"loud", "--help"}},
+		{[]string{"mount", "-o", "ro,bogus", src, mnt}, []string{`unknown mount option "bogus"`}},
+		{[]string{src, mnt, "-o", "ro,allow_other,bogus"}, []string{"bogus"}},
+		{[]string{"mount", "-o", "l2_cache_size=lots", src, mnt}, []string{"l2_cache_size"}},
+		{[]string{"mount", "-o", "allow_other=yes", src, mnt}, []string{"allow_other takes no value"}},
+		{[]string{"info"}, []string{`expected "<image>"`, "qcowfs info --help"}},
+		{[]string{"inof", "x.qcow2"}, []string{`unknown command "inof"`, `did you mean "info"?`}},
+		{[]string{"chek", "a", "b"}, []string{`unknown command "chek"`, `did you mean "check"?`}},
+		{[]string{"mout", src, mnt}, []string{`unknown command "mout"`, `did you mean "mount"?`}},
+		{[]string{"frobnicate"}, []string{`unknown command "frobnicate"`, "commands:"}},
+		{[]string{"help", "mout"}, []string{`unknown command "mout"`}},
+		// Options of other FUSE file systems, refused one by one
+		// with the reason.
+		{[]string{"mount", "-o", "allow_root", src, mnt}, []string{"allow_root", "allow_other"}},
+		{[]string{"mount", "-o", "auto_unmount", src, mnt}, []string{"auto_unmount", "qcowfs unmount -z"}},
+		{[]string{"mount", "-o", "uid=1000", src, mnt}, []string{"uid=1000", "owner"}},
+		{[]string{"mount", "-o", "gid=1000", src, mnt}, []string{"gid=1000", "group"}},
+		{[]string{"mount", "-o", "umask=022", src, mnt}, []string{"umask=022", "permission bits"}},
+		{[]string{"mount", "-o", "context=system_u:object_r:tmp_t:s0", src, mnt}, []string{"context=", "SELinux"}},
+		{[]string{"mount", "-o", "max_read=4096", src, mnt}, []string{"max_read=4096", "sets max_read itself"}},
+		{[]string{"mount", "-o", "subtype=other", src, mnt}, []string{"subtype=other", "fuse.qcowfs"}},
+	} {
+		what := "qcowfs " + strings.Join(c.args, " ")
+		r := cliRun(t, c.args...)
+		cliWantError(t, what, r, c.words...)
+		if r.code != 2 {
+			t.Errorf("%s: exit status %d, want 2 (a usage mistake)", what, r.code)
+		}
+		if strings.Contains(r.stdout+r.stderr, "Usage:") {
+			t.Errorf("%s printed a help page", what)
 		}
 		if m := cliMountsUnder(t, mnt); len(m) != 0 {
-			t.Errorf("qcowfs %s mounted %v", strings.Join(args, " "), m)
+			t.Errorf("%s mounted %v", what, m)
+		}
+		if p := cliDaemons(t, mnt); len(p) != 0 {
+			t.Errorf("%s left qcowfs processes %v", what, p)
 		}
 	}
 
@@ -128,6 +173,69 @@ func TestCLIErrors(t *testing.T) {
 			if p := cliDaemons(t, mnt); len(p) != 0 {
 				t.Errorf("qcowfs processes left: %v", p)
 			}
+		}
+	})
+
+	// Non-root, with fusermount3 failing: its own reason reaches the
+	// user in one line, from the daemon as from --foreground. /dev/fuse
+	// is made unopenable for nobody in a private mount namespace (a
+	// root-only file bound over it), whatever its mode on this machine.
+	t.Run("not_root_fusermount3_fails", func(t *testing.T) {
+		for _, tool := range []string{"setpriv", "unshare", "fusermount3"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				t.Fatalf("%s not installed", tool)
+			}
+		}
+		nobody, err := user.Lookup("nobody")
+		if err != nil {
+			t.Fatal("no user nobody")
+		}
+		d := t.TempDir()
+		for _, p := range []string{d, filepath.Dir(d)} {
+			if err := os.Chmod(p, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		bin := filepath.Join(d, "qcowfs")
+		b, err := os.ReadFile(qcowfsBin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(bin, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		src := cliMkdir(t, d, "images")
+		img, _ := cliImage(t, src, "vm")
+		os.Chmod(img, 0o644)
+		mnt := cliMkdir(t, d, "mnt")
+		os.Chmod(mnt, 0o777)
+		noFuse := cliWrite(t, filepath.Join(d, "nofuse"), "")
+		os.Chmod(noFuse, 0o600)
+		run := cliMkdir(t, d, "run")
+		uid, _ := strconv.Atoi(nobody.Uid)
+		if err := os.Chown(run, uid, -1); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(run, 0o700)
+		cliCleanup(t, mnt)
+		const script = `mount --bind "$1" /dev/fuse && shift && exec "$@"`
+		var msgs []string
+		for _, args := range [][]string{{"mount", src, mnt}, {"mount", "--foreground", src, mnt}} {
+			cmd := exec.Command("unshare", append([]string{"--mount", "sh", "-c", script, "sh", noFuse,
+				"setpriv", "--reuid=" + nobody.Uid, "--regid=" + nobody.Gid, "--clear-groups", bin}, args...)...)
+			cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "XDG_RUNTIME_DIR=" + run}
+			r := cliRunCmd(t, cmd)
+			cliWantError(t, "qcowfs "+strings.Join(args, " ")+" as nobody", r, "fusermount3: failed to open /dev/fuse: Permission denied")
+			msgs = append(msgs, r.stderr)
+			if m := cliMountsUnder(t, d); len(m) != 0 {
+				t.Errorf("mounted: %v", m)
+			}
+			if p := cliDaemons(t, mnt); len(p) != 0 {
+				t.Errorf("qcowfs processes left: %v", p)
+			}
+		}
+		if msgs[0] != msgs[1] {
+			t.Errorf("the daemon says %q, --foreground %q", msgs[0], msgs[1])
 		}
 	})
 }

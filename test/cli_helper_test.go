@@ -172,3 +172,75 @@ func TestHelperAsMountQcowfs(t *testing.T) {
 	// Options are still checked.
 	cliWantError(t, "mount.qcowfs -f -o bogus", cliRunCmd(t, helper(src, mnt, "-f", "-o", "bogus")), "bogus")
 }
+
+// TestHelperFakeMount: mount -f (fake) through mount.fuse3, which drops
+// the -f before running qcowfs: nothing is mounted, nothing keeps running,
+// exit 0; from the command line and from an fstab.
+func TestHelperFakeMount(t *testing.T) {
+	shared, run := cliHelperNamespace(t)
+	src := t.TempDir()
+	cliImage(t, src, "vm")
+	mnt := cliMkdir(t, shared, "mnt")
+	cliCleanup(t, mnt)
+	fstab := cliWrite(t, filepath.Join(t.TempDir(), "fstab"), fmt.Sprintf("%s %s fuse.qcowfs ro,allow_other 0 0\n", src, mnt))
+	for _, args := range [][]string{
+		{"mount", "-f", "-t", "fuse.qcowfs", src, mnt, "-o", "ro"},
+		{"mount", "--fake", "-v", "-t", "fuse.qcowfs", src, mnt},
+		{"mount", "-fv", "--fstab", fstab, mnt},
+	} {
+		r := run(args...)
+		cliWantOK(t, strings.Join(args, " "), r)
+		if m := cliMountAt(t, mnt); m != nil {
+			t.Errorf("%s mounted %s: %+v", strings.Join(args, " "), mnt, m)
+		}
+		if p := cliDaemons(t, mnt); len(p) != 0 {
+			t.Errorf("%s left qcowfs processes %v", strings.Join(args, " "), p)
+		}
+	}
+	// Without -f, the same mounts.
+	cliWantOK(t, "mount --fstab", run("mount", "--fstab", fstab, mnt))
+	if m := cliMountAt(t, mnt); m == nil || m.FSType != "fuse.qcowfs" {
+		t.Fatalf("mount --fstab did not mount: %+v", m)
+	}
+	if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("umount: %v %s", err, out)
+	}
+	cliWaitGone(t, mnt)
+}
+
+// TestFstabNofail: an fstab line with nofail whose source is missing
+// makes mount(8) exit 0 and mount nothing, as it does for a missing
+// device of a kernel file system (libmount: nofail forgives ENOENT of the
+// source); without nofail it fails with the reason. mount.fuse3 drops
+// nofail, so qcowfs finds it in the fstab line mount(8) mounts.
+func TestFstabNofail(t *testing.T) {
+	shared, run := cliHelperNamespace(t)
+	missing := filepath.Join(t.TempDir(), "no such images")
+	mnt := cliMkdir(t, shared, "mnt")
+	cliCleanup(t, mnt)
+	esc := strings.NewReplacer(" ", `\040`).Replace
+	for _, c := range []struct {
+		opts string
+		ok   bool
+	}{{"ro,nofail", true}, {"ro", false}} {
+		fstab := cliWrite(t, filepath.Join(t.TempDir(), "fstab"), fmt.Sprintf("%s %s fuse.qcowfs %s 0 0\n", esc(missing), esc(mnt), c.opts))
+		for _, args := range [][]string{{"mount", "--fstab", fstab, mnt}, {"mount", "-a", "--fstab", fstab}} {
+			r := run(args...)
+			what := strings.Join(args, " ") + " (" + c.opts + ")"
+			if c.ok {
+				cliWantOK(t, what, r)
+				if r.stderr != "" {
+					t.Errorf("%s printed %q; want silence, as mount(8) for nofail", what, r.stderr)
+				}
+			} else if r.code == 0 || !strings.Contains(r.stderr, "no such images") {
+				t.Errorf("%s: exit status %d, stderr %q; want a failure naming the source", what, r.code, r.stderr)
+			}
+			if m := cliMountAt(t, mnt); m != nil {
+				t.Errorf("%s mounted %+v", what, m)
+			}
+		}
+	}
+	// nofail on mount(8)'s command line.
+	r := run("mount", "-t", "fuse.qcowfs", "-o", "ro,nofail", missing, mnt)
+	cliWantOK(t, "mount -o nofail (missing source)", r)
+}

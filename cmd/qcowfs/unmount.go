@@ -15,6 +15,16 @@ type unmountCmd struct {
 	Lazy       bool   `short:"z" help:"Detach even if busy; the mount goes away once nothing uses it."`
 }
 
+func (c *unmountCmd) Help() string {
+	return `Examples:
+
+  qcowfs unmount /mnt/vms
+  qcowfs unmount -z /mnt/vms      detach now, even if busy, or after the daemon was killed
+
+After a killed daemon, the mount point answers "Transport endpoint is not
+connected": qcowfs unmount -z MNT clears it, then mount again.`
+}
+
 func (c *unmountCmd) Run() error {
 	mnt, err := filepath.Abs(c.Mountpoint)
 	if err != nil {

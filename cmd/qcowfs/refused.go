@@ -1,0 +1,144 @@
+package main
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/qcowfs/qcowfs/qcow2"
+)
+
+// A refusalLister knows which images a mount does not show, and why:
+// image path -> reason. The reasons are the errors the library returned,
+// so that the command can name the flag that lifts each (errors.Is,
+// errors.As).
+//
+// TODO(fs): the tree (fs.NewRoot's root) implements this after its first
+// scan of the source; scanRefused is a stand-in until then.
+type refusalLister interface {
+	Refused() map[string]error
+}
+
+// refusalList is a fixed refusalLister.
+type refusalList map[string]error
+
+func (l refusalList) Refused() map[string]error { return l }
+
+// scanRefused walks the source as the mount's first listing does and
+// opens every qcow2 image read-only, without taking any lock, with the
+// mount's options; it returns those that fail.
+//
+// TEMPORARY: it stands in for the tree's own list (refusalLister) and
+// misses what only the tree knows (names that clash).
+func (c *mountCmd) scanRefused() refusalList {
+	out := refusalList{}
+	root, err := filepath.EvalSymlinks(c.Source)
+	if err != nil {
+		return out
+	}
+	st, err := os.Stat(root)
+	if err != nil || !st.IsDir() {
+		// A single image was checked before mounting.
+		return out
+	}
+	opts := c.imageOptions()
+	opts.AllowedDirs = append([]string{root}, opts.AllowedDirs...)
+	opts.Cache = qcow2.NewCache(4<<20, 1<<20)
+	filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		if d.Type()&fs.ModeSymlink != 0 {
+			// Followed only when it resolves inside the source.
+			real, err := filepath.EvalSymlinks(path)
+			if err != nil || !within(real, root) {
+				return nil
+			}
+			if st, err := os.Stat(real); err != nil || !st.Mode().IsRegular() {
+				return nil
+			}
+		} else if !d.Type().IsRegular() {
+			return nil
+		}
+		if ok, _ := qcow2.IsQcow2(path); !ok {
+			return nil
+		}
+		img, err := qcow2.Open(path, opts)
+		if err == nil && !c.ForceShare {
+			err = img.LockConflict()
+		}
+		if img != nil {
+			img.Close()
+		}
+		if err != nil {
+			out[path] = err
+		}
+		return nil
+	})
+	return out
+}
+
+// refusalLines says, one line per image in path order, which image is not
+// shown, why, and what would show it.
+func refusalLines(l refusalLister) []string {
+	if l == nil {
+		return nil
+	}
+	m := l.Refused()
+	paths := make([]string, 0, len(m))
+	for p := range m {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	lines := make([]string, 0, len(paths))
+	for _, p := range paths {
+		lines = append(lines, refusalLine(p, m[p]))
+	}
+	return lines
+}
+
+func refusalLine(path string, err error) string {
+	msg := err.Error()
+	if !strings.Contains(msg, path) {
+		msg = path + ": " + msg
+	}
+	line := "not shown: " + msg
+	if h := refusalHint(err); h != "" && !strings.Contains(msg, h) {
+		line += " (" + h + ")"
+	}
+	return line
+}
+
+// refusalHint names the flag that would show an image refused with err,
+// or "".
+func refusalHint(err error) string {
+	var re *qcow2.RefusedError
+	switch {
+	case errors.Is(err, qcow2.ErrLocked):
+		return "--force-share"
+	case errors.As(err, &re) && strings.Contains(re.Reason, "outside the allowed folders"):
+		return "--allow-backing-outside=DIR follows it"
+	case errors.Is(err, qcow2.ErrUnsupported) && strings.Contains(err.Error(), "corrupt"):
+		return "--allow-corrupt"
+	}
+	return ""
+}
+
+// withHint adds refusalHint to err's message, keeping err wrapped.
+func withHint(err error) error {
+	if h := refusalHint(err); h != "" && !strings.Contains(err.Error(), h) {
+		return &hinted{err, h}
+	}
+	return err
+}
+
+type hinted struct {
+	err  error
+	hint string
+}
+
+func (h *hinted) Error() string { return h.err.Error() + " (" + h.hint + ")" }
+func (h *hinted) Unwrap() error { return h.err }
