@@ -4,6 +4,7 @@ package test
 // against the parser.
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -176,6 +177,65 @@ func TestREADMEFlags(t *testing.T) {
 	for f := range rows {
 		if _, ok := flags[f]; !ok {
 			t.Errorf("README lists --%s, which qcowfs mount --help does not", f)
+		}
+	}
+}
+
+// TestManPage: qcowfs help-man is a man page groff reads without a
+// warning, with every command and every flag that --help lists; make
+// install puts it and the binary in place and make uninstall removes both.
+func TestManPage(t *testing.T) {
+	if _, err := exec.LookPath("groff"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("groff is required under CI=true (package groff-base)")
+		}
+		t.Skip("groff not installed")
+	}
+	r := cliRun(t, "help-man")
+	cliWantOK(t, "qcowfs help-man", r)
+	page := filepath.Join(t.TempDir(), "qcowfs.1")
+	cliWrite(t, page, r.stdout)
+	render := exec.Command("groff", "-man", "-Tutf8", "-ww", "-P-cbou", page)
+	render.Env = append(os.Environ(), "MANWIDTH=200", "COLUMNS=200")
+	res := cliRunCmd(t, render)
+	if res.code != 0 || res.stderr != "" {
+		t.Fatalf("groff: status %d: %s", res.code, res.stderr)
+	}
+	text := strings.Join(strings.Fields(res.stdout), " ")
+	text = strings.ReplaceAll(text, "‐ ", "") // hyphenation at line ends
+	for _, cmd := range []string{"mount", "unmount", "status", "info", "map", "check", "version", "help"} {
+		if !strings.Contains(text, "qcowfs "+cmd) {
+			t.Errorf("the man page has no qcowfs %s", cmd)
+		}
+		h := cliRun(t, cmd, "--help")
+		for f := range cliHelpFlags(h.stdout) {
+			if f != "help" && !strings.Contains(text, "--"+f) {
+				t.Errorf("the man page does not document qcowfs %s --%s", cmd, f)
+			}
+		}
+	}
+
+	dest := t.TempDir()
+	make := func(target string) {
+		cmd := exec.Command("make", "-C", "..", target, "DESTDIR="+dest, "PREFIX=/usr/local")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("make %s: %v\n%s", target, err, out)
+		}
+	}
+	make("install")
+	bin, man := filepath.Join(dest, "usr/local/bin/qcowfs"), filepath.Join(dest, "usr/local/share/man/man1/qcowfs.1")
+	for _, p := range []string{bin, man} {
+		if st, err := os.Stat(p); err != nil || st.Size() == 0 {
+			t.Errorf("make install: %s: %v", p, err)
+		}
+	}
+	if b, _ := os.ReadFile(man); !strings.Contains(string(b), ".TH QCOWFS 1") {
+		t.Errorf("make install: %s is not the man page", man)
+	}
+	make("uninstall")
+	for _, p := range []string{bin, man} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("make uninstall left %s: %v", p, err)
 		}
 	}
 }

@@ -28,8 +28,7 @@ func writeMan(w io.Writer, app *kong.Application) error {
 		if n.Hidden {
 			continue
 		}
-		p(".B qcowfs %s", roff(n.Name))
-		p("%s", roff(strings.TrimPrefix(n.Summary(), "qcowfs "+n.Name)))
+		p(`\fBqcowfs %s\fR`, roff(n.Summary()))
 		p(".br")
 	}
 	p(".SH DESCRIPTION")
@@ -39,7 +38,7 @@ func writeMan(w io.Writer, app *kong.Application) error {
 		if n.Hidden {
 			continue
 		}
-		p(".SS %q", roff("qcowfs "+strings.TrimPrefix(n.Summary(), "qcowfs ")))
+		p(".SS %q", roff("qcowfs "+n.Summary()))
 		paragraphs(w, n.Help)
 		for _, a := range n.Positional {
 			p(".TP")

@@ -11,6 +11,7 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/qcowfs/qcowfs/fs"
 	"github.com/qcowfs/qcowfs/qcow2"
@@ -124,7 +125,7 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 			// would, and the log file, when there is one,
 			// took it over.
 			if null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0); err == nil {
-				syscall.Dup3(int(null.Fd()), 2, 0)
+				unix.Dup3(int(null.Fd()), 2, 0)
 				null.Close()
 			}
 		}
