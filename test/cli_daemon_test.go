@@ -258,7 +258,7 @@ func TestMountReportsRefused(t *testing.T) {
 	cliSetIncompat(t, corrupt, 2)
 	locked, _ := cliImage(t, src, "locked")
 	holdOpen(t, locked)
-	want := map[string]string{over: "--allow-backing-outside", corrupt: "--allow-corrupt", locked: "--force-share"}
+	want := map[string]string{over: "--allow-backing-outside=" + outside, corrupt: "--allow-corrupt", locked: "--force-share"}
 
 	mnt := t.TempDir()
 	cliCleanup(t, mnt)

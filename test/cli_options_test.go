@@ -126,7 +126,7 @@ func TestMountSingleImageRefused(t *testing.T) {
 		img, hint string
 		fix       []string
 	}{
-		{over, "--allow-backing-outside", []string{"--allow-backing-outside", outside}},
+		{over, "--allow-backing-outside=" + outside, []string{"--allow-backing-outside", outside}},
 		{corrupt, "--allow-corrupt", []string{"--allow-corrupt"}},
 		{locked, "--force-share", []string{"--force-share"}},
 	} {

@@ -32,9 +32,10 @@ func runtimeDir() string {
 	return filepath.Join(os.TempDir(), fmt.Sprintf("qcowfs-%d", os.Geteuid()))
 }
 
-// makeRuntimeDir creates the runtime folder, private to this user, and
-// refuses one that someone else owns or made reachable by others (the
-// control socket in it answers whoever can connect).
+// makeRuntimeDir creates the runtime folder (mode 0700) and refuses one
+// that someone else owns or that others may write to: they could put a
+// socket or a log of theirs in our place. (The socket itself is 0600 and
+// checks its peer.)
 func makeRuntimeDir() (string, error) {
 	dir := runtimeDir()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -44,8 +45,8 @@ func makeRuntimeDir() (string, error) {
 	if err := unix.Lstat(dir, &st); err != nil {
 		return "", fmt.Errorf("runtime folder: %w", err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != os.Geteuid() || st.Mode&0o077 != 0 {
-		return "", fmt.Errorf("runtime folder %s: not a folder private to uid %d (mode %#o, owner %d)", dir, os.Geteuid(), st.Mode&0o7777, st.Uid)
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != os.Geteuid() || st.Mode&0o022 != 0 {
+		return "", fmt.Errorf("runtime folder %s: not a folder of uid %d that only it may write to (mode %#o, owner %d)", dir, os.Geteuid(), st.Mode&0o7777, st.Uid)
 	}
 	return dir, nil
 }

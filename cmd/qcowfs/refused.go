@@ -120,7 +120,13 @@ func refusalHint(err error) string {
 	case errors.Is(err, qcow2.ErrLocked):
 		return "--force-share"
 	case errors.As(err, &re) && strings.Contains(re.Reason, "outside the allowed folders"):
-		return "--allow-backing-outside=DIR follows it"
+		// "resolves to /srv/base/x.qcow2, outside the allowed
+		// folders": name the folder to allow.
+		dir := "DIR"
+		if p, _, ok := strings.Cut(strings.TrimPrefix(re.Reason, "resolves to "), ", outside"); ok && filepath.IsAbs(p) {
+			dir = filepath.Dir(p)
+		}
+		return "--allow-backing-outside=" + dir + " follows it"
 	case errors.Is(err, qcow2.ErrUnsupported) && strings.Contains(err.Error(), "corrupt"):
 		return "--allow-corrupt"
 	}

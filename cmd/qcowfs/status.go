@@ -112,7 +112,11 @@ func (c *statusCmd) Run() error {
 	fmt.Fprintf(w, "mount point: %s\n", s.Mountpoint)
 	fmt.Fprintf(w, "daemon:      pid %d, up since %s (%s)\n", s.PID, s.Started.Local().Format("2006-01-02 15:04:05"), time.Since(s.Started).Round(time.Second))
 	fmt.Fprintf(w, "log:         %s\n", s.Log)
-	fmt.Fprintf(w, "not shown:   %d images\n", len(s.Refused))
+	plural := "s"
+	if len(s.Refused) == 1 {
+		plural = ""
+	}
+	fmt.Fprintf(w, "not shown:   %d image%s\n", len(s.Refused), plural)
 	for _, r := range s.Refused {
 		line := "  " + r.Reason
 		if r.Hint != "" {
