@@ -28,6 +28,8 @@ type invocation struct {
 func prepareArgs(app *kong.Application, args []string) (*invocation, error) {
 	inv := &invocation{args: args, fromOption: map[string]string{}}
 	if len(args) < 2 {
+		// "qcowfs" alone is a request for the help page.
+		inv.args = []string{args[0], "--help"}
 		return inv, nil
 	}
 	commands := commandNames(app)

@@ -26,6 +26,7 @@ func TestPrepareArgs(t *testing.T) {
 		// A source in the working folder, named without a slash.
 		{[]string{"qcowfs", filepath.Base(dir), "m"}, []string{"qcowfs", "mount", filepath.Base(dir), "m"}},
 		{[]string{"qcowfs", "--help"}, []string{"qcowfs", "--help"}},
+		{[]string{"qcowfs"}, []string{"qcowfs", "--help"}},
 		{[]string{"qcowfs", "help"}, []string{"qcowfs", "--help"}},
 		{[]string{"qcowfs", "help", "map"}, []string{"qcowfs", "map", "--help"}},
 		// Every flag is an option; quotes keep a comma in a value.

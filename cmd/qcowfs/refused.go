@@ -12,14 +12,26 @@ import (
 )
 
 // A refusalLister knows which images a mount does not show, and why:
-// image path -> reason. The reasons are the errors the library returned,
-// so that the command can name the flag that lifts each (errors.Is,
-// errors.As).
+// image path (as opened, under the source) -> the error the library
+// returned, so that the command can name the flag that lifts each
+// (errors.Is(err, qcow2.ErrLocked), errors.As(err, **qcow2.RefusedError),
+// ...). Refused blocks until the first scan of the source is complete,
+// and is safe to call from any goroutine (qcowfs status calls it again
+// later).
 //
-// TODO(fs): the tree (fs.NewRoot's root) implements this after its first
-// scan of the source; scanRefused is a stand-in until then.
+// TODO(fs): the root node fs.NewRoot returns implements this; serve
+// finds it by a type assertion. scanRefused stands in until then.
 type refusalLister interface {
 	Refused() map[string]error
+}
+
+// A statsSource gives the tree's counters for qcowfs status: per image,
+// requests, bytes, cache hit rates; any value encoding/json can print,
+// under "images".
+//
+// TODO(fs): the root node implements this.
+type statsSource interface {
+	Stats() any
 }
 
 // refusalList is a fixed refusalLister.

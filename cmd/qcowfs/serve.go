@@ -102,15 +102,25 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	}
 	logger.Info("mounted", "source", c.Source, "mountpoint", c.Mountpoint, "pid", os.Getpid(), "log", dest.where)
 
-	// TODO(fs): take the list from the tree once it keeps one
-	// (refusalLister); until then, a scan of our own.
-	var refused refusalLister = c.scanRefused()
+	// The images the first scan refused, and the tree's counters: from
+	// the tree as soon as it provides them, until then a scan of our
+	// own and no counters.
+	var refused refusalLister
+	if rl, ok := root.(refusalLister); ok {
+		refused = rl
+	} else {
+		refused = c.scanRefused() // TODO(fs): remove once the tree is a refusalLister
+	}
+	var stats func() any
+	if ss, ok := root.(statsSource); ok {
+		stats = ss.Stats
+	}
 	// The tree logs each refusal itself; these lines are for the user.
 	for _, line := range refusalLines(refused) {
 		say("%s", line)
 	}
 	facts := mountFacts{Source: c.Source, Mountpoint: c.Mountpoint, PID: os.Getpid(), Started: started, Log: dest.where}
-	stopControl, err := startControl(c.Mountpoint, func() any { return facts.status(refused, nil) }, logger)
+	stopControl, err := startControl(c.Mountpoint, func() any { return facts.status(refused, stats) }, logger)
 	if err != nil {
 		logger.Warn("no control socket; qcowfs status will not answer", "err", err)
 	}
