@@ -83,8 +83,10 @@ func describe(f *imageFlags) (info any, next, nextFormat string, err error) {
 	if err != nil {
 		var ue *qcow2.UnsupportedError
 		if errors.As(err, &ue) {
-			if info, err2 := qcow2.DescribeEncrypted(f.Image); err2 == nil {
+			if info, err2 := describeEncrypted(f); err2 == nil {
 				return &info, info.FullBackingFilename, info.BackingFilenameFormat, nil
+			} else if !errors.Is(err2, qcow2.ErrNotEncrypted) {
+				return nil, "", "", err2
 			}
 		}
 		return nil, "", "", err
@@ -95,6 +97,20 @@ func describe(f *imageFlags) (info any, next, nextFormat string, err error) {
 	}
 	qi := o.img.Info()
 	return &qi, qi.FullBackingFilename, qi.BackingFilenameFormat, nil
+}
+
+// describeEncrypted describes an encrypted image, holding a reader's
+// locks on it meanwhile, as qemu-img info does.
+func describeEncrypted(f *imageFlags) (qcow2.Info, error) {
+	file, err := os.Open(f.Image)
+	if err != nil {
+		return qcow2.Info{}, err
+	}
+	defer file.Close()
+	if err := qcow2.LockFile(file, f.ForceShare); err != nil {
+		return qcow2.Info{}, err
+	}
+	return qcow2.DescribeEncrypted(f.Image)
 }
 
 // printInfo prints info the way `qemu-img info` does.
