@@ -83,16 +83,6 @@ func decodeQobject(dec *json.Decoder) (*qobject, error) {
 	}
 }
 
-// get returns the value of key in a dict, or nil.
-func (o *qobject) get(key string) *qobject {
-	for i, k := range o.keys {
-		if k == key {
-			return o.vals[i]
-		}
-	}
-	return nil
-}
-
 // qdictBucket is the bucket of key in qemu's QDict: tdb_hash (from
 // Samba's tdb, qobject/qdict.c) modulo QDICT_BUCKET_MAX.
 func qdictBucket(key string) uint32 {
