@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -44,11 +45,12 @@ func prepareArgs(app *kong.Application, args []string) (*invocation, error) {
 			return nil, err
 		}
 		inv.args, inv.helper = out, true
-	case first == "help":
-		// "qcowfs help [CMD]" is "qcowfs [CMD] --help".
+	case first == "help" && !slices.ContainsFunc(args[2:], func(a string) bool { return strings.HasPrefix(a, "-") }):
+		// "qcowfs help [CMD]" is "qcowfs [CMD] --help" ("qcowfs
+		// help --help" is the help command's own).
 		out := []string{args[0]}
 		for _, a := range args[2:] {
-			if !strings.HasPrefix(a, "-") && !commands[a] {
+			if !commands[a] {
 				return nil, unknownCommand(a, commands)
 			}
 			out = append(out, a)

@@ -13,6 +13,13 @@ type versionCmd struct{}
 // versionLine is what --version prints.
 func versionLine() string { return "qcowfs " + version }
 
+func (versionCmd) Help() string {
+	return `Examples:
+
+  qcowfs version
+  qcowfs --version        the first line only`
+}
+
 // Run prints the version and what the binary was built with, one fact a
 // line.
 func (versionCmd) Run() error {
@@ -40,6 +47,14 @@ func (versionCmd) Run() error {
 
 type helpCmd struct {
 	Command []string `arg:"" optional:"" help:"The command."`
+}
+
+func (helpCmd) Help() string {
+	return `Examples:
+
+  qcowfs help
+  qcowfs help mount       the same as qcowfs mount --help
+  man qcowfs              everything, once make install has put the page in place`
 }
 
 // Run is never reached: prepareArgs turns "help CMD" into "CMD --help".
