@@ -162,7 +162,15 @@ func fstabNofail(fstab, mnt string) bool {
 		return false
 	}
 	defer f.Close()
-	want := filepath.Clean(mnt)
+	// mount(8) hands its helper the mount point canonicalized; the
+	// fstab may name it through a symlink.
+	canon := func(p string) string {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			return real
+		}
+		return filepath.Clean(p)
+	}
+	want := canon(mnt)
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
@@ -170,7 +178,7 @@ func fstabNofail(fstab, mnt string) bool {
 			continue
 		}
 		fields := strings.Fields(line)
-		if len(fields) < 4 || filepath.Clean(mountinfo.Unescape(fields[1])) != want {
+		if len(fields) < 4 || canon(mountinfo.Unescape(fields[1])) != want {
 			continue
 		}
 		for _, o := range splitOptions(fields[3]) {
