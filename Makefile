@@ -8,7 +8,7 @@ LDFLAGS := -X main.version=$(VERSION)
 BIN     := bin/qcowfs
 MAN     := bin/qcowfs.1
 # Packages the tests and the demo need (Debian names).
-TEST_PKGS := fuse3 qemu-utils fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc groff-base
+TEST_PKGS := fuse3 qemu-utils fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc groff-base systemd
 
 .PHONY: all build man test demo lint fuzz install uninstall deps deps-build clean
 
