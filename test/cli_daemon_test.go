@@ -331,17 +331,6 @@ func TestMountReportsRefused(t *testing.T) {
 	cliWantError(t, "qcowfs status (tmpfs)", cliRun(t, "status", tmpfs), "not a qcowfs")
 }
 
-// cliEscape escapes a path as systemd-escape --path does, which is how
-// qcowfs names a mount's files in its runtime folder.
-func cliEscape(p string) string {
-	out, err := exec.Command("systemd-escape", "--path", p).Output()
-	if err == nil {
-		return strings.TrimSpace(string(out))
-	}
-	// Without systemd: the same rules, for the plain paths of tests.
-	return strings.ReplaceAll(strings.Trim(p, "/"), "/", "-")
-}
-
 // TestDaemonLogFallback: without syslog the daemon logs to
 // /run/qcowfs/MNT.log and says so once at mount time; SIGHUP reopens the
 // file (logrotate moves it away first).

@@ -182,6 +182,8 @@ func cliCleanup(t testing.TB, mnt string) {
 			exec.Command("umount", "-l", mnt).Run()
 		}
 		signal(syscall.SIGKILL, 3*time.Second)
+		// The log a daemon without syslog and --log-file left.
+		os.Remove(filepath.Join("/run/qcowfs", cliEscape(mnt)+".log"))
 	})
 }
 
@@ -237,4 +239,15 @@ func cliContains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// cliEscape escapes a path as systemd-escape --path does, which is how
+// qcowfs names a mount's files in its runtime folder.
+func cliEscape(p string) string {
+	out, err := exec.Command("systemd-escape", "--path", p).Output()
+	if err == nil {
+		return strings.TrimSpace(string(out))
+	}
+	// Without systemd: the same rules, for the plain paths of tests.
+	return strings.ReplaceAll(strings.Trim(p, "/"), "/", "-")
 }
