@@ -6,10 +6,11 @@ PREFIX  ?= /usr/local
 VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 BIN     := bin/qcowfs
+MAN     := bin/qcowfs.1
 # Packages the tests and the demo need (Debian names).
-TEST_PKGS := fuse3 qemu-utils fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc
+TEST_PKGS := fuse3 qemu-utils fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc groff-base systemd
 
-.PHONY: all build test demo lint fuzz install uninstall deps deps-build clean
+.PHONY: all build man test demo lint fuzz install uninstall deps deps-build clean
 
 all: build
 
@@ -50,11 +51,17 @@ FUZZTIME ?= 30
 fuzz:
 	@scripts/fuzz.sh $(FUZZTIME)
 
-install: build
+# The man page is made from the command's own help (qcowfs help-man), so
+# it says what --help says.
+man: build
+	$(BIN) help-man > $(MAN)
+
+install: build man
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/qcowfs
+	install -D -m 0644 $(MAN) $(DESTDIR)$(PREFIX)/share/man/man1/qcowfs.1
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/bin/qcowfs
+	rm -f $(DESTDIR)$(PREFIX)/bin/qcowfs $(DESTDIR)$(PREFIX)/share/man/man1/qcowfs.1
 
 clean:
 	rm -rf bin

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 
@@ -32,6 +33,9 @@ type Config struct {
 	ForceShare bool
 	// NoPartitions hides the STEM.raw.parts folders of partitions.
 	NoPartitions bool
+	// Hint, if set, names what would lift a refusal (a flag of the
+	// command line), for log lines; "" if nothing would.
+	Hint func(err error) string
 }
 
 // Timeouts the kernel may cache entries and attributes for. Folders can
@@ -61,12 +65,16 @@ type mount struct {
 	reg registry    // open images, registry.go
 
 	usage *usageTable // st_blocks of images, usage.go
+
+	refMu   sync.Mutex
+	refused map[string]error // images not shown, by path (status.go)
 }
 
 // Root is the root folder of a mount: the source folder, or for a single
 // image file the folder that shows only that file.
 type Root struct {
 	dirNode
+	firstScan sync.Once
 }
 
 // NewRoot returns the root node for cfg.Source.
@@ -102,7 +110,7 @@ func NewRoot(cfg Config) (*Root, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &mount{cfg: cfg, log: cfg.Log, src: s, ids: newIdentities(), usage: newUsageTable()}
+	m := &mount{cfg: cfg, log: cfg.Log, src: s, ids: newIdentities(), usage: newUsageTable(), refused: map[string]error{}}
 	m.reg.images = map[diskID]*openImage{}
 	// Backing files must stay inside what the user mounted, plus
 	// whatever else the caller allows.

@@ -68,6 +68,7 @@ type refusal struct {
 	image  string
 	reason string
 	hint   string
+	err    error // the library's error
 }
 
 // shown is one name the folder shows: an entry, or a snapshot or the
@@ -283,7 +284,7 @@ func (m *mount) validate(e *entry, old *entry) {
 	d := diskID{key: e.key, gen: e.gen}
 	oi, err := m.acquire(d, e.rel)
 	if err == nil && !m.cfg.ForceShare {
-		if err = oi.img.Writer(); err != nil {
+		if err = oi.img.LockConflict(); err != nil {
 			m.release(oi)
 		}
 	}
@@ -294,9 +295,11 @@ func (m *mount) validate(e *entry, old *entry) {
 		if old == nil || old.why == nil || old.why.reason != e.why.reason {
 			m.log.Warn("image not shown", "image", e.why.image, "reason", e.why.reason, "hint", e.why.hint)
 		}
+		m.noteRefusal(e.why.image, err)
 		return
 	}
 	defer m.release(oi)
+	m.noteRefusal(m.src.abs(e.rel), nil)
 	if old != nil && old.locked {
 		m.log.Info("image shown again: no other process writes it now", "image", m.src.abs(e.rel))
 	}
@@ -341,20 +344,13 @@ func (m *mount) readPartitions(img *qcow2.Image, what string) *partition.Table {
 	return t
 }
 
-// refusalOf describes why the image at rel cannot be shown, with the flag
-// that would show it where there is one.
+// refusalOf describes why the image at rel cannot be shown, with what
+// would show it where the configuration knows.
 func (m *mount) refusalOf(rel string, err error) *refusal {
 	path := m.src.abs(rel)
-	reason := strings.TrimPrefix(err.Error(), path+": ")
-	r := &refusal{image: path, reason: reason}
-	var refused *qcow2.RefusedError
-	switch {
-	case errors.Is(err, qcow2.ErrLocked):
-		r.hint = "another process (a running qemu) writes it; -U (--force-share) serves it anyway"
-	case errors.As(err, &refused) && strings.Contains(refused.Reason, "outside the allowed folders"):
-		r.hint = "--allow-backing-outside=DIR follows backing and data files inside DIR"
-	case errors.Is(err, qcow2.ErrUnsupported) && strings.Contains(reason, "corrupt bit"):
-		r.hint = "--allow-corrupt serves it read-only anyway"
+	r := &refusal{image: path, reason: strings.TrimPrefix(err.Error(), path+": "), err: err}
+	if m.cfg.Hint != nil {
+		r.hint = m.cfg.Hint(err)
 	}
 	return r
 }

@@ -42,6 +42,10 @@
 //   - check.go: the image check, qemu-img check without repairs.
 //   - lock.go: qemu's OFD image locks.
 //   - info.go, map.go: what `qcowfs info` and `qcowfs map` print.
+//   - crypt.go: describing encrypted images (AES, the LUKS header), which
+//     are not read.
+//   - probe.go: the build's inflater, lock probing without locks, locks on
+//     raw files.
 //
 // Everything hangs off the opened Image; there is no package-level state.
 // An Image is safe for concurrent use by many goroutines.

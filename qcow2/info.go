@@ -15,6 +15,9 @@ type Info struct {
 	BackingFilenameFormat string         `json:"backing-filename-format,omitempty"`
 	Snapshots             []SnapshotInfo `json:"snapshots,omitempty"`
 	FormatSpecific        FormatSpecific `json:"format-specific"`
+	// Encrypted is set for an encrypted image, which only
+	// DescribeEncrypted describes (Open refuses it).
+	Encrypted bool `json:"encrypted,omitempty"`
 }
 
 // SnapshotInfo is one snapshot as qemu-img info lists it.
@@ -45,6 +48,7 @@ type Qcow2Details struct {
 	RefcountBits    int      `json:"refcount-bits"`
 	DataFile        string   `json:"data-file,omitempty"`
 	DataFileRaw     *bool    `json:"data-file-raw,omitempty"`
+	Encrypt         *Encrypt `json:"encrypt,omitempty"`
 	Corrupt         *bool    `json:"corrupt,omitempty"`
 	ExtendedL2      *bool    `json:"extended-l2,omitempty"`
 }
@@ -53,24 +57,7 @@ type Qcow2Details struct {
 func (img *Image) Info() Info {
 	l := img.top
 	h := l.hdr
-	info := Info{
-		VirtualSize: l.size,
-		Filename:    l.name,
-		Format:      "qcow2",
-		ClusterSize: l.clusterSize(),
-		DirtyFlag:   h.IncompatibleFeatures&IncompatDirty != 0,
-		FormatSpecific: FormatSpecific{Type: "qcow2", Data: Qcow2Details{
-			Compat:          "0.10",
-			CompressionType: h.CompressionName(),
-			RefcountBits:    1 << h.RefcountOrder,
-		}},
-	}
-	info.ActualSize = allocatedBytes(l.file)
-	if h.BackingFile != "" {
-		info.BackingFilename = h.BackingFile
-		info.FullBackingFilename = FullBackingName(l.name, h.BackingFile)
-		info.BackingFilenameFormat = h.BackingFormat
-	}
+	info := headerInfo(h, l.name, l.file)
 	for _, sn := range img.snapshots {
 		si := SnapshotInfo{
 			ID: sn.ID, Name: sn.Name, VMStateSize: sn.VMStateSize,
@@ -83,10 +70,36 @@ func (img *Image) Info() Info {
 		info.Snapshots = append(info.Snapshots, si)
 	}
 	if h.Version >= 3 {
+		info.FormatSpecific.Data.Bitmaps = img.Bitmaps()
+	}
+	return info
+}
+
+// headerInfo is the part of Info the header alone tells, for the image
+// file f opened as name.
+func headerInfo(h *Header, name string, f HostFile) Info {
+	info := Info{
+		VirtualSize: int64(h.Size),
+		Filename:    name,
+		Format:      "qcow2",
+		ClusterSize: h.ClusterSize(),
+		DirtyFlag:   h.IncompatibleFeatures&IncompatDirty != 0,
+		FormatSpecific: FormatSpecific{Type: "qcow2", Data: Qcow2Details{
+			Compat:          "0.10",
+			CompressionType: h.CompressionName(),
+			RefcountBits:    1 << h.RefcountOrder,
+		}},
+	}
+	info.ActualSize = allocatedBytes(f)
+	if h.BackingFile != "" {
+		info.BackingFilename = h.BackingFile
+		info.FullBackingFilename = FullBackingName(name, h.BackingFile)
+		info.BackingFilenameFormat = h.BackingFormat
+	}
+	if h.Version >= 3 {
 		d := &info.FormatSpecific.Data
 		d.Compat = "1.1"
 		d.LazyRefcounts = ptr(h.CompatibleFeatures&CompatLazyRefcounts != 0)
-		d.Bitmaps = img.Bitmaps()
 		d.Corrupt = ptr(h.IncompatibleFeatures&IncompatCorrupt != 0)
 		d.ExtendedL2 = ptr(h.ExtendedL2())
 		if h.DataFile != "" {

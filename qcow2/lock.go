@@ -127,18 +127,3 @@ func (img *Image) Unlock() {
 		}
 	}
 }
-
-// Writer reports whether another process holds qemu's write permission on
-// the image file (byte 101) or refuses to share reading (byte 200): a
-// running qemu that writes the image. It takes no lock, so it never gets
-// in qemu's way. The error names the lock.
-func (img *Image) Writer() error {
-	f := fileOf(img.top.file)
-	if f == nil {
-		return nil
-	}
-	if err := testLock(f, lockSharedBase+permConsistent); err != nil {
-		return err
-	}
-	return testLock(f, lockPermBase+permWrite)
-}

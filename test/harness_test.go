@@ -7,22 +7,24 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qcowfs/qcowfs/internal/mountinfo"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
 // qcowfsBin is the qcowfs binary under test, built once by TestMain.
 var qcowfsBin string
 
-// With QCOWFS_TEST_RACE=1 (make test sets it), the binary is built with the
-// race detector, every daemon the tests start writes race reports under
-// raceDir (GORACE log_path), and TestMain fails the run if any appear.
-var raceDir string
+// With QCOWFS_TEST_RACE=1 (make test sets it), a second binary is built
+// with the race detector, raceBin. The tests whose daemons run concurrent
+// requests (racyMount) mount with it; every such daemon writes race
+// reports under raceDir (GORACE log_path), and TestMain fails the run if
+// any appear. (Every test under -race would take many times as long.)
+var raceBin, raceDir string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "qcowfs-test-bin")
@@ -31,18 +33,20 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	qcowfsBin = filepath.Join(dir, "qcowfs")
-	args := []string{"build", "-o", qcowfsBin}
+	builds := [][]string{{"build", "-o", qcowfsBin}}
 	if os.Getenv("QCOWFS_TEST_RACE") == "1" {
-		args = append(args, "-race")
+		raceBin = filepath.Join(dir, "qcowfs-race")
+		builds = append(builds, []string{"build", "-race", "-o", raceBin})
 		raceDir = filepath.Join(dir, "race")
 		os.Mkdir(raceDir, 0o755)
-		os.Setenv("GORACE", "log_path="+filepath.Join(raceDir, "report")+" halt_on_error=0")
 	}
-	build := exec.Command("go", append(args, "../cmd/qcowfs")...)
-	build.Stdout, build.Stderr = os.Stdout, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building qcowfs:", err)
-		os.Exit(1)
+	for _, args := range builds {
+		build := exec.Command("go", append(args, "../cmd/qcowfs")...)
+		build.Stdout, build.Stderr = os.Stdout, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "building qcowfs:", err)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	if raceDir != "" {
@@ -80,6 +84,11 @@ func qcowfs(args ...string) (string, error) {
 	return string(out), err
 }
 
+// racyMount is an option of mountImages: the daemon is the race-detecting
+// build when there is one (QCOWFS_TEST_RACE=1), for tests whose requests
+// run concurrently in the daemon.
+const racyMount = "\x00race"
+
 // A mount is a live qcowfs mount made by a test.
 type mount struct {
 	Dir string // the mount point
@@ -92,8 +101,22 @@ func mountImages(t testing.TB, src string, args ...string) *mount {
 	t.Helper()
 	requireFUSE(t)
 	m := &mount{Dir: t.TempDir(), Log: filepath.Join(t.TempDir(), "qcowfs.log")}
-	all := append([]string{"mount", "--log-file", m.Log, "--log-level", "debug"}, args...)
-	out, err := qcowfs(append(all, src, m.Dir)...)
+	bin := qcowfsBin
+	all := []string{"mount", "--log-file", m.Log, "--log-level", "debug"}
+	for _, a := range args {
+		if a == racyMount {
+			if raceBin != "" {
+				bin = raceBin
+			}
+			continue
+		}
+		all = append(all, a)
+	}
+	cmd := exec.Command(bin, append(all, src, m.Dir)...)
+	if bin == raceBin {
+		cmd.Env = append(os.Environ(), "GORACE=log_path="+filepath.Join(raceDir, "report")+" halt_on_error=0")
+	}
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("qcowfs mount %s: %v\n%s", src, err, out)
 	}
@@ -123,13 +146,8 @@ func (m *mount) logText(t testing.TB) string {
 }
 
 func isMounted(dir string) bool {
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
-			return true
-		}
-	}
-	return false
+	m, err := mountinfo.At(dir)
+	return err == nil && m != nil
 }
 
 // waitFor polls cond until it holds or the deadline passes: for conditions

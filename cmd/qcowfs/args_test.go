@@ -1,23 +1,116 @@
 package main
 
 import (
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
-func TestHelperArgs(t *testing.T) {
+func TestPrepareArgs(t *testing.T) {
+	k, err := newParser(os.Stdout, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
 	for _, tc := range []struct{ in, want []string }{
 		{[]string{"qcowfs", "mount", "a", "b"}, []string{"qcowfs", "mount", "a", "b"}},
 		{[]string{"qcowfs", "info", "x.qcow2"}, []string{"qcowfs", "info", "x.qcow2"}},
 		// mount.fuse3 runs "qcowfs SRC MNT -o OPTS".
-		{[]string{"qcowfs", "/src", "/mnt", "-o", "ro,allow_other"}, []string{"qcowfs", "mount", "/src", "/mnt", "-o", "ro,allow_other"}},
+		{[]string{"qcowfs", "/src", "/mnt", "-o", "ro,allow_other,dev,suid"}, []string{"qcowfs", "mount", "/src", "/mnt", "--allow-other"}},
 		// mount(8) runs /sbin/mount.qcowfs SRC MNT [-sfnv] [-o OPTS] [-t TYPE].
-		{[]string{"/sbin/mount.qcowfs", "/src", "/mnt", "-n", "-o", "ro", "-t", "fuse.qcowfs"}, []string{"/sbin/mount.qcowfs", "mount", "/src", "/mnt", "-o", "ro"}},
+		{[]string{"/sbin/mount.qcowfs", "/src", "/mnt", "-n", "-o", "ro", "-t", "fuse.qcowfs"}, []string{"/sbin/mount.qcowfs", "mount", "/src", "/mnt"}},
 		{[]string{"/sbin/mount.qcowfs", "/src", "/mnt", "-f"}, []string{"/sbin/mount.qcowfs", "mount", "/src", "/mnt", "--fake"}},
+		// A source in the working folder, named without a slash.
+		{[]string{"qcowfs", filepath.Base(dir), "m"}, []string{"qcowfs", "mount", filepath.Base(dir), "m"}},
 		{[]string{"qcowfs", "--help"}, []string{"qcowfs", "--help"}},
+		{[]string{"qcowfs"}, []string{"qcowfs", "--help"}},
+		{[]string{"qcowfs", "help"}, []string{"qcowfs", "--help"}},
+		{[]string{"qcowfs", "help", "map"}, []string{"qcowfs", "map", "--help"}},
+		// Every flag is an option; quotes keep a comma in a value.
+		{[]string{"qcowfs", "mount", "-o", `cache_size=1M,allow_backing_outside="/a,b",x-systemd.automount,nofail`, "s", "m"},
+			[]string{"qcowfs", "mount", "--cache-size=1M", "--allow-backing-outside=/a,b", "--nofail", "s", "m"}},
+		{[]string{"qcowfs", "mount", "-oforce_share", "--options=fsname=vms", "s", "m"}, []string{"qcowfs", "mount", "--force-share", "--fsname=vms", "s", "m"}},
 	} {
-		if got := helperArgs(tc.in); !slices.Equal(got, tc.want) {
-			t.Errorf("helperArgs(%q) = %q, want %q", tc.in, got, tc.want)
+		wd, _ := os.Getwd()
+		os.Chdir(filepath.Dir(dir))
+		inv, err := prepareArgs(k.Model, tc.in)
+		os.Chdir(wd)
+		if err != nil {
+			t.Errorf("prepareArgs(%q): %v", tc.in, err)
+			continue
+		}
+		if !slices.Equal(inv.args, tc.want) {
+			t.Errorf("prepareArgs(%q) = %q, want %q", tc.in, inv.args, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		in   []string
+		want string
+	}{
+		{[]string{"qcowfs", "inof", "x.qcow2"}, `unknown command "inof"; did you mean "info"?`},
+		{[]string{"qcowfs", "chek", "a", "b"}, `unknown command "chek"; did you mean "check"?`},
+		{[]string{"qcowfs", "help", "mout"}, `unknown command "mout"; did you mean "mount"?`},
+		{[]string{"qcowfs", "frobnicate"}, `unknown command "frobnicate" (commands:`},
+		{[]string{"qcowfs", "mount", "-o", "bogus", "s", "m"}, `unknown mount option "bogus"`},
+		{[]string{"qcowfs", "mount", "-o", "uid=1000", "s", "m"}, `option uid=1000: not supported`},
+		{[]string{"qcowfs", "mount", "-o", "allow_other=1", "s", "m"}, `option allow_other takes no value`},
+		{[]string{"qcowfs", "mount", "-o", "cache_size", "s", "m"}, `option cache_size needs a value`},
+		{[]string{"qcowfs", "mount", "-o", "subtype=other", "s", "m"}, `the type stays fuse.qcowfs`},
+	} {
+		_, err := prepareArgs(k.Model, tc.in)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("prepareArgs(%q): %v, want an error with %q", tc.in, err, tc.want)
+		}
+	}
+}
+
+func TestParseMountArgs(t *testing.T) {
+	dir := t.TempDir()
+	fstab := filepath.Join(dir, "fstab")
+	os.WriteFile(fstab, []byte("# c\n/srv/a /mnt/a\\040b fuse.qcowfs ro,nofail 0 0\n/srv/c /mnt/c fuse.qcowfs ro 0 0\n"), 0o644)
+	for _, tc := range []struct {
+		args         []string
+		mnt          string
+		fake, nofail bool
+	}{
+		{[]string{"-f", "-t", "fuse.qcowfs", "/s", "/m", "-o", "ro"}, "/m", true, false},
+		{[]string{"-vf", "-t", "fuse.qcowfs", "/s", "/m"}, "/m", true, false},
+		{[]string{"--fake", "/s", "/m"}, "/m", true, false},
+		// -f as the value of -t or -o is no fake.
+		{[]string{"-t", "-f", "-o", "-f", "/s", "/m"}, "/m", false, false},
+		{[]string{"-ofoo,nofail", "/s", "/m"}, "/m", false, true},
+		{[]string{"-T", fstab, "/mnt/a b"}, "/mnt/a b", false, true},
+		{[]string{"--fstab=" + fstab, "/mnt/c"}, "/mnt/c", false, false},
+		{[]string{"-afT", fstab}, "/mnt/a b", true, true},
+	} {
+		p := parseMountArgs(1, tc.args, []string{"qcowfs", "/s", tc.mnt})
+		if p.fake != tc.fake || p.nofail != tc.nofail {
+			t.Errorf("mount %q for %s: fake %v nofail %v, want %v %v", tc.args, tc.mnt, p.fake, p.nofail, tc.fake, tc.nofail)
+		}
+	}
+}
+
+func TestRuntimeName(t *testing.T) {
+	for in, want := range map[string]string{
+		"/mnt/vms": "mnt-vms.log", "/mnt/my vms/": `mnt-my\x20vms.log`, "/a-b": `a\x2db.log`,
+		"/.hidden/x": `\x2ehidden-x.log`, "/": "-.log", "/a//b": "a-b.log",
+	} {
+		if got := runtimeName(in, ".log"); got != want {
+			t.Errorf("runtimeName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestEditDistance(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		d    int
+	}{{"inof", "info", 1}, {"chek", "check", 1}, {"mount", "mount", 0}, {"", "map", 3}, {"umonut", "umount", 1}} {
+		if got := editDistance(tc.a, tc.b); got != tc.d {
+			t.Errorf("editDistance(%q, %q) = %d, want %d", tc.a, tc.b, got, tc.d)
 		}
 	}
 }
@@ -33,6 +126,26 @@ func TestByteSize(t *testing.T) {
 		var b byteSize
 		if err := b.UnmarshalText([]byte(in)); err == nil {
 			t.Errorf("%q accepted as %d", in, b)
+		}
+	}
+}
+
+// TestRuntimeNameSystemd: the names are systemd-escape --path's, where it
+// is installed.
+func TestRuntimeNameSystemd(t *testing.T) {
+	if _, err := exec.LookPath("systemd-escape"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("systemd-escape (package systemd) is required under CI=true")
+		}
+		t.Skip("systemd-escape not installed")
+	}
+	for _, p := range []string{"/mnt/vms", "/mnt/my vms", "/srv/a-b/c_d.e", "/.x/ü/東", "/a\\b:c", "/"} {
+		out, err := exec.Command("systemd-escape", "--path", p).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := runtimeName(p, ""), strings.TrimSpace(string(out)); got != want {
+			t.Errorf("runtimeName(%q) = %q, systemd-escape --path says %q", p, got, want)
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -12,27 +11,41 @@ import (
 )
 
 type checkCmd struct {
-	Image      string `arg:"" help:"The qcow2 image."`
-	Output     string `enum:"human,json" default:"human" help:"Output format: human or json (the fields of qemu-img check --output=json)."`
-	ForceShare bool   `short:"U" help:"Check the image even if another process (a running qemu) has it open for writing, like qemu-img -U."`
+	imageFlags `embed:""`
 }
+
+func (c *checkCmd) Help() string {
+	return `Examples:
+
+  qcowfs check vm.qcow2
+  qcowfs check --output=json -U vm.qcow2
+
+Exit status as qemu-img check's: 0 no errors, 1 the check could not
+complete (or the image could not be opened, its backing file included),
+2 corruptions, 3 leaked clusters only, 63 the format does not support
+checks (a raw file).`
+}
+
+// exitNoChecks is qemu-img check's status for a format without checks.
+const exitNoChecks = 63
 
 // Run checks the image like qemu-img check (never writing it) and exits
 // like it: 0 clean, 2 corruptions, 3 leaks only, 1 if the check could not
-// complete.
+// complete, 63 for a raw file.
 func (c *checkCmd) Run() error {
-	img, err := qcow2.Open(c.Image, qcow2.Options{
+	// Like qemu-img check, open the backing chain too: an image whose
+	// backing file is missing cannot be checked.
+	o, err := c.open(qcow2.Options{
 		Cache:         qcow2.NewCache(qcow2.DefaultCacheSize, 1<<20),
 		AllowCorrupt:  true,
-		NoBacking:     true,
 		LenientTables: true,
 	})
 	if err != nil {
 		return err
 	}
-	defer img.Close()
-	if err := img.Lock(c.ForceShare); err != nil {
-		return err
+	defer o.Close()
+	if o.raw != nil {
+		return &exitError{code: exitNoChecks, err: errNoChecks}
 	}
 	var progress func(done, total int64)
 	if isTerminal(os.Stderr) {
@@ -40,7 +53,7 @@ func (c *checkCmd) Run() error {
 			fmt.Fprintf(os.Stderr, "\rchecking %s: %d%%", c.Image, done*100/max(total, 1))
 		}
 	}
-	res, err := img.Check(progress)
+	res, err := o.img.Check(progress)
 	if progress != nil {
 		fmt.Fprint(os.Stderr, "\r\033[K")
 	}
@@ -52,11 +65,9 @@ func (c *checkCmd) Run() error {
 		fmt.Fprintf(os.Stderr, "qcowfs: the check could not complete: %v\n", err)
 	}
 	if c.Output == "json" {
-		b, err := json.MarshalIndent(res, "", "    ")
-		if err != nil {
+		if err := printQemuJSON(os.Stdout, res); err != nil {
 			return err
 		}
-		fmt.Printf("%s\n", b)
 	} else {
 		printCheck(os.Stdout, res)
 	}
@@ -70,6 +81,13 @@ func (c *checkCmd) Run() error {
 	}
 	return nil
 }
+
+// errNoChecks is qemu-img's message for check on a raw image.
+var errNoChecks = noChecksError{}
+
+type noChecksError struct{}
+
+func (noChecksError) Error() string { return "This image format does not support checks" }
 
 // printCheck prints the summary the way qemu-img check does.
 func printCheck(w io.Writer, r *qcow2.CheckResult) {

@@ -1,7 +1,7 @@
 package main
 
 import (
-	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -12,43 +12,124 @@ import (
 )
 
 type infoCmd struct {
-	Image      string `arg:"" help:"The qcow2 image."`
-	Output     string `enum:"human,json" default:"human" help:"Output format: human or json (the fields of qemu-img info --output=json)."`
-	ForceShare bool   `short:"U" help:"Read the image even if another process (a running qemu) has it open for writing, like qemu-img -U."`
+	imageFlags   `embed:""`
+	BackingChain bool `help:"Describe every image of the backing chain, top first, as qemu-img info --backing-chain."`
+}
+
+func (c *infoCmd) Help() string {
+	return `Examples:
+
+  qcowfs info vm.qcow2
+  qcowfs info --output=json --backing-chain vm.qcow2
+  qcowfs info -U vm.qcow2          while a qemu runs it
+
+Like qemu-img info, it does not open the backing chain (unless
+--backing-chain), describes encrypted images (which mount refuses) and
+corrupt ones, and describes any other file as a raw image.`
+}
+
+// rawInfo is what qemu-img info says of a raw file.
+type rawInfo struct {
+	VirtualSize int64  `json:"virtual-size"`
+	Filename    string `json:"filename"`
+	Format      string `json:"format"`
+	ActualSize  int64  `json:"actual-size"`
+	DirtyFlag   bool   `json:"dirty-flag"`
 }
 
 func (c *infoCmd) Run() error {
-	// Like qemu-img info, describe an image whose corrupt bit is set
-	// rather than refuse it: "corrupt: true" is part of the answer.
-	// Like qemu-img info, describe the image without opening its
-	// backing chain (which may be missing).
-	img, err := qcow2.Open(c.Image, qcow2.Options{Cache: qcow2.NewCache(1<<20, 0), AllowCorrupt: true, NoBacking: true})
-	if err != nil {
-		return err
-	}
-	defer img.Close()
-	if err := img.Lock(c.ForceShare); err != nil {
-		return err
-	}
-	info := img.Info()
-	if c.Output == "json" {
-		b, err := json.MarshalIndent(info, "", "    ")
+	var infos []any
+	flags := c.imageFlags
+	seen := map[string]bool{}
+	for {
+		info, next, nextFormat, err := describe(&flags)
 		if err != nil {
 			return err
 		}
-		fmt.Printf("%s\n", b)
-		return nil
+		infos = append(infos, info)
+		if !c.BackingChain || next == "" {
+			break
+		}
+		if seen[next] {
+			return fmt.Errorf("backing file %q creates an infinite loop", next)
+		}
+		seen[next] = true
+		flags.Image, flags.Format = next, nextFormat
 	}
-	printInfo(os.Stdout, &info)
+	if c.Output == "json" {
+		if c.BackingChain {
+			return printQemuJSON(os.Stdout, infos)
+		}
+		return printQemuJSON(os.Stdout, infos[0])
+	}
+	for i, info := range infos {
+		if i > 0 {
+			fmt.Println()
+		}
+		if err := printInfo(os.Stdout, info); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
+// describe returns what qemu-img info says of one image, and the backing
+// file it names (with its format, "" to probe).
+func describe(f *imageFlags) (info any, next, nextFormat string, err error) {
+	// Like qemu-img info, describe an image whose corrupt bit is set
+	// rather than refuse it ("corrupt: true" is part of the answer), and
+	// do not open its backing chain (which may be missing).
+	o, err := f.open(qcow2.Options{Cache: qcow2.NewCache(1<<20, 0), AllowCorrupt: true, NoBacking: true})
+	if err != nil {
+		var ue *qcow2.UnsupportedError
+		if errors.As(err, &ue) {
+			if info, err2 := describeEncrypted(f); err2 == nil {
+				return &info, info.FullBackingFilename, info.BackingFilenameFormat, nil
+			} else if !errors.Is(err2, qcow2.ErrNotEncrypted) {
+				return nil, "", "", err2
+			}
+		}
+		return nil, "", "", err
+	}
+	defer o.Close()
+	if o.raw != nil {
+		return &rawInfo{VirtualSize: rawVirtualSize(o.size), Filename: o.name, Format: "raw", ActualSize: actualSize(o.raw)}, "", "", nil
+	}
+	qi := o.img.Info()
+	return &qi, qi.FullBackingFilename, qi.BackingFilenameFormat, nil
+}
+
+// describeEncrypted describes an encrypted image, holding a reader's
+// locks on it meanwhile, as qemu-img info does.
+func describeEncrypted(f *imageFlags) (qcow2.Info, error) {
+	file, err := os.Open(f.Image)
+	if err != nil {
+		return qcow2.Info{}, err
+	}
+	defer file.Close()
+	if err := qcow2.LockFile(file, f.ForceShare); err != nil {
+		return qcow2.Info{}, err
+	}
+	return qcow2.DescribeEncrypted(f.Image)
+}
+
 // printInfo prints info the way `qemu-img info` does.
-func printInfo(w io.Writer, info *qcow2.Info) {
+func printInfo(w io.Writer, v any) error {
+	if r, ok := v.(*rawInfo); ok {
+		fmt.Fprintf(w, "image: %s\n", r.Filename)
+		fmt.Fprintf(w, "file format: %s\n", r.Format)
+		fmt.Fprintf(w, "virtual size: %s (%d bytes)\n", sizeString(r.VirtualSize), r.VirtualSize)
+		fmt.Fprintf(w, "disk size: %s\n", sizeString(r.ActualSize))
+		return nil
+	}
+	info := v.(*qcow2.Info)
 	fmt.Fprintf(w, "image: %s\n", info.Filename)
 	fmt.Fprintf(w, "file format: %s\n", info.Format)
 	fmt.Fprintf(w, "virtual size: %s (%d bytes)\n", sizeString(info.VirtualSize), info.VirtualSize)
 	fmt.Fprintf(w, "disk size: %s\n", sizeString(info.ActualSize))
+	if info.Encrypted {
+		fmt.Fprintln(w, "encrypted: yes")
+	}
 	fmt.Fprintf(w, "cluster_size: %d\n", info.ClusterSize)
 	if info.DirtyFlag {
 		fmt.Fprintln(w, "cleanly shut down: no")
@@ -76,36 +157,14 @@ func printInfo(w io.Writer, info *qcow2.Info) {
 			fmt.Fprintf(w, "%-10s%-17s%8s%20s%13s%11s\n", s.ID, s.Name, sizeString(int64(s.VMStateSize)), date, clock, icount)
 		}
 	}
-	d := info.FormatSpecific.Data
+	// The format specific part is qemu's QDict, dumped key by key.
+	data, err := toQobject(info.FormatSpecific.Data)
+	if err != nil {
+		return err
+	}
 	fmt.Fprintln(w, "Format specific information:")
-	fmt.Fprintf(w, "    compat: %s\n", d.Compat)
-	fmt.Fprintf(w, "    compression type: %s\n", d.CompressionType)
-	if d.LazyRefcounts != nil {
-		fmt.Fprintf(w, "    lazy refcounts: %t\n", *d.LazyRefcounts)
-	}
-	if len(d.Bitmaps) > 0 {
-		fmt.Fprintln(w, "    bitmaps:")
-		for i, b := range d.Bitmaps {
-			fmt.Fprintf(w, "        [%d]:\n", i)
-			fmt.Fprintln(w, "            flags:")
-			for j, f := range b.Flags {
-				fmt.Fprintf(w, "                [%d]: %s\n", j, f)
-			}
-			fmt.Fprintf(w, "            name: %s\n", b.Name)
-			fmt.Fprintf(w, "            granularity: %d\n", b.Granularity)
-		}
-	}
-	fmt.Fprintf(w, "    refcount bits: %d\n", d.RefcountBits)
-	if d.DataFile != "" {
-		fmt.Fprintf(w, "    data file: %s\n", d.DataFile)
-		fmt.Fprintf(w, "    data file raw: %t\n", *d.DataFileRaw)
-	}
-	if d.Corrupt != nil {
-		fmt.Fprintf(w, "    corrupt: %t\n", *d.Corrupt)
-	}
-	if d.ExtendedL2 != nil {
-		fmt.Fprintf(w, "    extended l2: %t\n", *d.ExtendedL2)
-	}
+	data.dump(w, 1)
+	return nil
 }
 
 // sizeString formats a byte count like qemu's size_to_str: three

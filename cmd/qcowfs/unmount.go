@@ -6,11 +6,23 @@ import (
 	"os/exec"
 	"path/filepath"
 	"syscall"
+
+	"github.com/qcowfs/qcowfs/internal/mountinfo"
 )
 
 type unmountCmd struct {
 	Mountpoint string `arg:"" help:"Where qcowfs is mounted."`
 	Lazy       bool   `short:"z" help:"Detach even if busy; the mount goes away once nothing uses it."`
+}
+
+func (c *unmountCmd) Help() string {
+	return `Examples:
+
+  qcowfs unmount /mnt/vms
+  qcowfs unmount -z /mnt/vms      detach now, even if busy, or after the daemon was killed
+
+After a killed daemon, the mount point answers "Transport endpoint is not
+connected": qcowfs unmount -z MNT clears it, then mount again.`
 }
 
 func (c *unmountCmd) Run() error {
@@ -21,15 +33,15 @@ func (c *unmountCmd) Run() error {
 	if real, err := filepath.EvalSymlinks(mnt); err == nil {
 		mnt = real
 	}
-	m, err := mountAt(mnt)
+	m, err := mountinfo.At(mnt)
 	if err != nil {
 		return err
 	}
 	if m == nil {
 		return fmt.Errorf("%s: not mounted", c.Mountpoint)
 	}
-	if m.fstype != "fuse.qcowfs" {
-		return fmt.Errorf("%s: a %s mount, not a qcowfs one", c.Mountpoint, m.fstype)
+	if m.FSType != "fuse.qcowfs" {
+		return fmt.Errorf("%s: a %s mount, not a qcowfs one", c.Mountpoint, m.FSType)
 	}
 	return unmount(mnt, c.Lazy)
 }

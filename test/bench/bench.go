@@ -116,8 +116,8 @@ func (b *bench) close() {
 		syscall.Unmount(fusectlDir, 0)
 	}
 	for _, m := range mounts() {
-		if strings.HasPrefix(m.point, b.cfg.work+"/") {
-			b.warn("still mounted: %s (%s)", m.point, m.fstype)
+		if strings.HasPrefix(m.Point, b.cfg.work+"/") {
+			b.warn("still mounted: %s (%s)", m.Point, m.FSType)
 		}
 	}
 	if b.logF != nil {
@@ -288,14 +288,14 @@ func (b *bench) cleanStale() {
 		m := ms[i]
 		isLoopMount := false
 		for _, l := range loops {
-			if strings.HasPrefix(m.source, l) {
+			if strings.HasPrefix(m.Source, l) {
 				isLoopMount = true
 			}
 		}
 		if isLoopMount {
-			b.warn("unmounting a guest mount left behind: %s", m.point)
-			if syscall.Unmount(m.point, 0) != nil {
-				syscall.Unmount(m.point, syscall.MNT_DETACH)
+			b.warn("unmounting a guest mount left behind: %s", m.Point)
+			if syscall.Unmount(m.Point, 0) != nil {
+				syscall.Unmount(m.Point, syscall.MNT_DETACH)
 			}
 		}
 	}
@@ -307,9 +307,9 @@ func (b *bench) cleanStale() {
 	ms = mounts()
 	for i := len(ms) - 1; i >= 0; i-- {
 		m := ms[i]
-		if strings.HasPrefix(m.point, prefix) && m.point != b.tmpfsDir() {
-			b.warn("unmounting a mount left behind: %s (%s)", m.point, m.fstype)
-			if err := b.forceUnmount(m.point); err != nil {
+		if strings.HasPrefix(m.Point, prefix) && m.Point != b.tmpfsDir() {
+			b.warn("unmounting a mount left behind: %s (%s)", m.Point, m.FSType)
+			if err := b.forceUnmount(m.Point); err != nil {
 				b.warn("%v", err)
 			}
 		}

@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+
+	"github.com/qcowfs/qcowfs/internal/mountinfo"
 )
 
 // machineInfo describes where the numbers were measured.
@@ -49,13 +51,13 @@ func (b *bench) machine() machineInfo {
 	if data, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		m.Kernel = strings.TrimSpace(string(data))
 	}
-	var best mountEntry
+	var best mountinfo.Mount
 	for _, mt := range mounts() {
-		if (b.cfg.work == mt.point || strings.HasPrefix(b.cfg.work+"/", strings.TrimSuffix(mt.point, "/")+"/")) && len(mt.point) >= len(best.point) {
+		if (b.cfg.work == mt.Point || strings.HasPrefix(b.cfg.work+"/", strings.TrimSuffix(mt.Point, "/")+"/")) && len(mt.Point) >= len(best.Point) {
 			best = mt
 		}
 	}
-	m.WorkFS = fmt.Sprintf("%s on %s (%s, mounted at %s)", b.cfg.work, best.fstype, best.source, best.point)
+	m.WorkFS = fmt.Sprintf("%s on %s (%s, mounted at %s)", b.cfg.work, best.FSType, best.Source, best.Point)
 	first := func(name string, args ...string) string {
 		out, _ := exec.Command(name, args...).CombinedOutput()
 		for _, line := range strings.Split(string(out), "\n") {

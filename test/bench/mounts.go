@@ -8,74 +8,19 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/qcowfs/qcowfs/internal/mountinfo"
 )
 
-// A mountEntry is one line of /proc/self/mountinfo.
-type mountEntry struct {
-	majMin string // st_dev of the mount, "0:38"; for FUSE the minor is the connection number
-	point  string
-	fstype string
-	source string
-}
-
-// mounts lists the mounts this process sees.
-func mounts() []mountEntry {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var out []mountEntry
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 10 {
-			continue
-		}
-		// Optional fields end with "-"; fstype and source follow.
-		sep := -1
-		for i := 6; i < len(f); i++ {
-			if f[i] == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || sep+2 >= len(f) {
-			continue
-		}
-		out = append(out, mountEntry{majMin: f[2], point: unescapeMount(f[4]), fstype: f[sep+1], source: unescapeMount(f[sep+2])})
-	}
-	return out
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+// mounts lists the mounts this process sees (none if mountinfo cannot be
+// read: the bench then finds nothing left over to clean up).
+func mounts() []mountinfo.Mount {
+	ms, _ := mountinfo.Read()
+	return ms
 }
 
 // mountAt returns the topmost mount at path, or nil.
-func mountAt(path string) *mountEntry {
-	var found *mountEntry
-	for _, m := range mounts() {
-		if m.point == path {
-			m := m
-			found = &m
-		}
-	}
-	return found
-}
+func mountAt(path string) *mountinfo.Mount { return mountinfo.Top(mounts(), path) }
 
 func isMounted(path string) bool { return mountAt(path) != nil }
 
@@ -96,12 +41,12 @@ const fusectlDir = "/sys/fs/fuse/connections"
 // is not mounted (and remembers to unmount it at the end).
 func (b *bench) abortFUSE(point string) error {
 	m := mountAt(point)
-	if m == nil || !strings.HasPrefix(m.fstype, "fuse") {
+	if m == nil || !strings.HasPrefix(m.FSType, "fuse") {
 		return nil
 	}
-	_, minor, ok := strings.Cut(m.majMin, ":")
+	_, minor, ok := strings.Cut(m.MajMin, ":")
 	if !ok {
-		return fmt.Errorf("%s: odd device %q in mountinfo", point, m.majMin)
+		return fmt.Errorf("%s: odd device %q in mountinfo", point, m.MajMin)
 	}
 	if _, err := os.Stat(filepath.Join(fusectlDir, minor)); err != nil {
 		if !isMounted(fusectlDir) {

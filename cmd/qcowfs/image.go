@@ -1,0 +1,147 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+	"syscall"
+
+	"github.com/qcowfs/qcowfs/qcow2"
+)
+
+// info, map and check share how they name, open and lock an image, with
+// qemu-img's flags and its probing: a file that is not qcow2 is raw.
+
+// imageFlags are the flags info, map and check share.
+type imageFlags struct {
+	Image      string `arg:"" help:"The image file: qcow2, or any other file, which is read as raw (as qemu-img probes it)."`
+	Format     string `short:"f" placeholder:"FMT" help:"The image's format, as qemu-img -f: qcow2 (a file that is not one is an error) or raw (a qcow2 image read as a raw file). Default: probed."`
+	Output     string `enum:"human,json" default:"human" help:"Output format: human or json, as qemu-img prints them (the same fields, in the same order)."`
+	ForceShare bool   `short:"U" help:"Read the image even if another process (a running qemu) has it open for writing, like qemu-img -U."`
+}
+
+// An openedImage is an image opened and locked for info, map or check:
+// a qcow2 image, or a raw file.
+type openedImage struct {
+	name string
+	img  *qcow2.Image // nil for a raw file
+	raw  *os.File     // nil for a qcow2 image
+	size int64        // of the raw file
+}
+
+func (o *openedImage) Close() {
+	if o.img != nil {
+		o.img.Close()
+	}
+	if o.raw != nil {
+		o.raw.Close()
+	}
+}
+
+// format returns the image's format: -f, or else what its first bytes
+// say.
+func (f *imageFlags) format() (string, error) {
+	switch f.Format {
+	case "qcow2", "raw":
+		return f.Format, nil
+	case "":
+	default:
+		return "", fmt.Errorf("%s: format %q: qcowfs reads qcow2 and raw images only", f.Image, f.Format)
+	}
+	st, err := os.Stat(f.Image)
+	if err != nil {
+		return "", err
+	}
+	if st.IsDir() {
+		return "", fmt.Errorf("%s: is a directory", f.Image)
+	}
+	ok, err := qcow2.IsQcow2(f.Image)
+	if err != nil {
+		return "", err
+	}
+	if ok {
+		return "qcow2", nil
+	}
+	return "raw", nil
+}
+
+// open opens and locks the image, as qemu-img does: the locks of a
+// read-only reader unless -U.
+func (f *imageFlags) open(opts qcow2.Options) (*openedImage, error) {
+	format, err := f.format()
+	if err != nil {
+		return nil, err
+	}
+	o := &openedImage{name: f.Image}
+	if format == "raw" {
+		if o.raw, err = os.Open(f.Image); err != nil {
+			return nil, err
+		}
+		st, err := o.raw.Stat()
+		if err == nil && st.IsDir() {
+			err = fmt.Errorf("%s: is a directory", f.Image)
+		}
+		if err != nil {
+			o.Close()
+			return nil, err
+		}
+		o.size = st.Size()
+		if err := qcow2.LockFile(o.raw, f.ForceShare); err != nil {
+			o.Close()
+			return nil, err
+		}
+		return o, nil
+	}
+	if opts.Cache == nil {
+		opts.Cache = qcow2.NewCache(qcow2.DefaultCacheSize, 1<<20)
+	}
+	if o.img, err = qcow2.Open(f.Image, opts); err != nil {
+		if !opts.NoBacking && !errors.Is(err, qcow2.ErrUnsupported) {
+			// Say which file failed, as qemu-img does: the image
+			// itself, or its backing chain.
+			alone := opts
+			alone.NoBacking = true
+			if img, err2 := qcow2.Open(f.Image, alone); err2 == nil {
+				img.Close()
+				return nil, &backingError{image: f.Image, err: err}
+			}
+		}
+		return nil, err
+	}
+	if err := o.img.Lock(f.ForceShare); err != nil {
+		o.Close()
+		return nil, err
+	}
+	return o, nil
+}
+
+// actualSize is the space a file takes on its host, as qemu's actual-size.
+func actualSize(f *os.File) int64 {
+	var st syscall.Stat_t
+	if syscall.Fstat(int(f.Fd()), &st) != nil {
+		return 0
+	}
+	return st.Blocks * 512
+}
+
+// backingError is an image that opens but whose backing chain does not,
+// in qemu-img's words.
+type backingError struct {
+	image string
+	err   error
+}
+
+func (e *backingError) Error() string {
+	msg := e.err.Error()
+	var pe *fs.PathError
+	if errors.As(e.err, &pe) {
+		// As qemu says it: the file, and strerror's capital.
+		reason := pe.Err.Error()
+		msg = "Could not open '" + pe.Path + "': " + strings.ToUpper(reason[:1]) + reason[1:]
+	}
+	return "Could not open '" + e.image + "': Could not open backing file: " + msg
+}
+
+func (e *backingError) Unwrap() error { return e.err }

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"errors"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/qcowfs/qcowfs/qcow2"
+)
+
+// A refusalLister knows which images a mount does not show, and why:
+// image path (as opened, under the source) -> the error the library
+// returned, so that the command can name the flag that lifts each
+// (errors.Is(err, qcow2.ErrLocked), errors.As(err, **qcow2.RefusedError),
+// ...). Refused blocks until the first scan of the source is complete,
+// and is safe to call from any goroutine (qcowfs status calls it again
+// later).
+//
+// The root node fs.NewRoot returns implements it; serve finds it by a type
+// assertion.
+type refusalLister interface {
+	Refused() map[string]error
+}
+
+// A statsSource gives the tree's counters for qcowfs status: per image,
+// requests, bytes, cache hit rates; any value encoding/json can print,
+// under "images".
+//
+// The root node implements it.
+type statsSource interface {
+	Stats() any
+}
+
+// refusalLines says, one line per image in path order, which image is not
+// shown, why, and what would show it.
+func refusalLines(l refusalLister) []string {
+	if l == nil {
+		return nil
+	}
+	m := l.Refused()
+	paths := make([]string, 0, len(m))
+	for p := range m {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	lines := make([]string, 0, len(paths))
+	for _, p := range paths {
+		lines = append(lines, refusalLine(p, m[p]))
+	}
+	return lines
+}
+
+func refusalLine(path string, err error) string {
+	msg := err.Error()
+	if !strings.Contains(msg, path) {
+		msg = path + ": " + msg
+	}
+	line := "not shown: " + msg
+	if h := refusalHint(err); h != "" && !strings.Contains(msg, h) {
+		line += " (" + h + ")"
+	}
+	return line
+}
+
+// refusalHint names the flag that would show an image refused with err,
+// or "".
+func refusalHint(err error) string {
+	var re *qcow2.RefusedError
+	switch {
+	case errors.Is(err, qcow2.ErrLocked):
+		return "--force-share"
+	case errors.As(err, &re) && strings.Contains(re.Reason, "outside the allowed folders"):
+		// "resolves to /srv/base/x.qcow2, outside the allowed
+		// folders": name the folder to allow.
+		dir := "DIR"
+		if p, _, ok := strings.Cut(strings.TrimPrefix(re.Reason, "resolves to "), ", outside"); ok && filepath.IsAbs(p) {
+			dir = filepath.Dir(p)
+		}
+		return "--allow-backing-outside=" + dir + " follows it"
+	case errors.Is(err, qcow2.ErrUnsupported) && strings.Contains(err.Error(), "corrupt"):
+		return "--allow-corrupt"
+	}
+	return ""
+}
+
+// withHint adds refusalHint to err's message, keeping err wrapped.
+func withHint(err error) error {
+	if h := refusalHint(err); h != "" && !strings.Contains(err.Error(), h) {
+		return &hinted{err, h}
+	}
+	return err
+}
+
+type hinted struct {
+	err  error
+	hint string
+}
+
+func (h *hinted) Error() string { return h.err.Error() + " (" + h.hint + ")" }
+func (h *hinted) Unwrap() error { return h.err }

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/qcowfs/qcowfs/fs"
+	"github.com/qcowfs/qcowfs/qcow2"
+)
+
+// serve mounts and serves until unmounted. ready, if not nil, is the pipe
+// to the waiting parent (see daemon.go).
+func (c *mountCmd) serve(ready *os.File) (err error) {
+	say := func(format string, args ...any) {
+		if ready != nil {
+			fmt.Fprintf(ready, readySay+format+"\n", args...)
+		}
+	}
+	defer func() {
+		if err != nil {
+			err = reportFailure(ready, err)
+		}
+	}()
+	started := time.Now()
+
+	dest, err := c.logDestination(ready != nil)
+	if err != nil {
+		return err
+	}
+	logger, err := c.newLogger(dest.out)
+	if err != nil {
+		return err
+	}
+	if ready != nil {
+		// Do not keep the caller's working folder busy. Every path
+		// is absolute by now (resolvePaths).
+		os.Chdir("/")
+	}
+	cfg := fs.Config{
+		Source:       c.Source,
+		Image:        c.imageOptions(),
+		Log:          logger,
+		ForceShare:   c.ForceShare,
+		NoPartitions: c.NoPartitions,
+		Hint:         refusalHint,
+	}
+	cfg.Image.Cache = qcow2.NewCache(int64(c.L2CacheSize), int64(c.CacheSize))
+	if c.ReadPath == "copy" {
+		cfg.ReadPath = fs.ReadCopy
+	}
+	root, err := fs.NewRoot(cfg)
+	if err != nil {
+		return err
+	}
+	opts := fs.Options()
+	opts.AllowOther = c.AllowOther
+	opts.Debug = c.Debug
+	opts.Logger = log.New(dest.out, "", log.LstdFlags)
+	opts.MountOptions.Logger = opts.Logger
+	opts.FsName = c.Source
+	if c.FSName != "" {
+		opts.FsName = c.FSName
+	}
+	// Catch signals before mounting: one arriving between the mount and
+	// signal.Notify would kill the process and leave a dead mount behind.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	signal.Ignore(syscall.SIGPIPE)
+	defer signal.Stop(sigs)
+	defer signal.Stop(hup)
+	if c.CPUProfile != "" {
+		f, err := os.Create(c.CPUProfile)
+		if err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
+	}
+	server, err := c.mount(root, opts)
+	if err != nil {
+		return err
+	}
+	if os.Geteuid() == 0 && c.ReadAhead > 0 {
+		if err := fs.SetReadAhead(c.Mountpoint, int(c.ReadAhead>>10)); err != nil {
+			logger.Warn("cannot raise the kernel readahead; sequential reads will be slower", "err", err)
+		}
+	}
+	logger.Info("mounted", "source", c.Source, "mountpoint", c.Mountpoint, "pid", os.Getpid(), "log", dest.where)
+
+	// The images the first scan refused, and the tree's counters.
+	var refused refusalLister = root
+	var stats func() any
+	if ss, ok := any(root).(statsSource); ok {
+		stats = ss.Stats
+	}
+	// The tree logs each refusal itself; these lines are for the user.
+	for _, line := range refusalLines(refused) {
+		say("%s", line)
+	}
+	facts := mountFacts{Source: c.Source, Mountpoint: c.Mountpoint, PID: os.Getpid(), Started: started, Log: dest.where}
+	stopControl, err := startControl(c.Mountpoint, func() any { return facts.status(refused, stats) }, logger)
+	if err != nil {
+		logger.Warn("no control socket; qcowfs status will not answer", "err", err)
+	}
+	if dest.fallback {
+		say("no syslog (/dev/log): the log is in %s", dest.where)
+	}
+	if ready != nil {
+		fmt.Fprintln(ready, readyOK)
+		ready.Close()
+		if dest.file == nil {
+			// Nothing should write to fd 2 any more; a Go panic
+			// would, and the log file, when there is one,
+			// took it over.
+			if null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0); err == nil {
+				unix.Dup3(int(null.Fd()), 2, 0)
+				null.Close()
+			}
+		}
+	}
+
+	go func() {
+		for range hup {
+			if dest.file == nil {
+				continue
+			}
+			if err := dest.file.Reopen(); err != nil {
+				logger.Error("reopening the log file", "err", err)
+			} else {
+				logger.Info("log file reopened", "path", dest.where)
+			}
+		}
+	}()
+	go func() {
+		for s := range sigs {
+			logger.Info("unmounting", "signal", s.String())
+			if err := server.Unmount(); err != nil {
+				// Busy: detach now; the kernel ends the session
+				// when the last user lets go, and Wait returns.
+				logger.Warn("mount busy; detaching it lazily", "err", err)
+				if err := unmount(c.Mountpoint, true); err != nil {
+					logger.Error("lazy unmount failed", "err", err)
+				}
+			}
+		}
+	}()
+	server.Wait()
+	if stopControl != nil {
+		stopControl()
+	}
+	logger.Info("unmounted", "mountpoint", c.Mountpoint)
+	return nil
+}
+
+// mount makes the FUSE mount. As non-root, go-fuse runs fusermount3,
+// which says why it failed on its stderr; that text becomes the error, in
+// the foreground as in the daemon (whose stderr is /dev/null).
+func (c *mountCmd) mount(root gofs.InodeEmbedder, opts *gofs.Options) (*fuse.Server, error) {
+	var restore func() string
+	if os.Geteuid() != 0 {
+		restore, _ = captureStderr()
+	}
+	server, err := gofs.Mount(c.Mountpoint, root, opts)
+	if restore != nil {
+		said := oneLine(restore())
+		if err != nil && said != "" {
+			return nil, fmt.Errorf("mounting on %s: %s", c.Mountpoint, said)
+		}
+		if said != "" {
+			fmt.Fprintln(os.Stderr, said)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("mounting on %s: %s", c.Mountpoint, oneLine(err.Error()))
+	}
+	return server, nil
+}

@@ -1,0 +1,104 @@
+package fs
+
+import (
+	"sort"
+
+	"github.com/qcowfs/qcowfs/qcow2"
+)
+
+// What the daemon tells `qcowfs status`: the images it refuses and why,
+// and what the open images are doing.
+
+// noteRefusal records that the image at path is refused with err, or (err
+// nil) that it is not.
+func (m *mount) noteRefusal(path string, err error) {
+	m.refMu.Lock()
+	defer m.refMu.Unlock()
+	if err == nil {
+		delete(m.refused, path)
+		return
+	}
+	if len(m.refused) < maxIdentities {
+		m.refused[path] = err
+	}
+}
+
+// maxFirstScan bounds the folders the first scan walks.
+const maxFirstScan = 4096
+
+// Refused returns the images the mount does not show, by path, with the
+// library's error (errors.Is(err, qcow2.ErrLocked), ...). The first call
+// scans the whole source tree (up to maxFirstScan folders) and so blocks
+// until that scan is done; later calls return what the mount knows now.
+func (r *Root) Refused() map[string]error {
+	r.firstScan.Do(r.walk)
+	m := r.m
+	m.refMu.Lock()
+	defer m.refMu.Unlock()
+	out := make(map[string]error, len(m.refused))
+	for k, v := range m.refused {
+		out[k] = v
+	}
+	return out
+}
+
+// walk scans every folder of the source once, breadth first.
+func (r *Root) walk() {
+	queue := []*dirNode{&r.dirNode}
+	for n := 0; len(queue) > 0 && n < maxFirstScan; n++ {
+		d := queue[0]
+		queue = queue[1:]
+		s, err := d.scan("")
+		if err != nil {
+			continue
+		}
+		for _, x := range s.names {
+			if x.kind() == kindDir {
+				queue = append(queue, &dirNode{m: r.m, rel: x.e.rel})
+			}
+		}
+	}
+}
+
+// ImageStatus is what `qcowfs status` shows of one open image.
+type ImageStatus struct {
+	Image   string      `json:"image"`
+	Handles int         `json:"handles"`
+	Reads   qcow2.Stats `json:"reads"`
+}
+
+// Status is what the mount reports.
+type Status struct {
+	Images      []ImageStatus `json:"open-images"`
+	TableHits   uint64        `json:"table-cache-hits"`
+	TableMisses uint64        `json:"table-cache-misses"`
+}
+
+// Stats returns the mount's status.
+func (r *Root) Stats() any {
+	m := r.m
+	var st Status
+	st.TableHits, st.TableMisses = m.cfg.Image.Cache.Stats()
+	m.reg.mu.Lock()
+	open := make([]*openImage, 0, len(m.reg.images))
+	for _, oi := range m.reg.images {
+		open = append(open, oi)
+	}
+	m.reg.mu.Unlock()
+	for _, oi := range open {
+		select {
+		case <-oi.ready:
+		default:
+			continue // still opening
+		}
+		if oi.img == nil {
+			continue
+		}
+		oi.lockMu.Lock()
+		is := ImageStatus{Image: oi.path, Handles: oi.handles, Reads: oi.img.Stats()}
+		oi.lockMu.Unlock()
+		st.Images = append(st.Images, is)
+	}
+	sort.Slice(st.Images, func(i, j int) bool { return st.Images[i].Image < st.Images[j].Image })
+	return st
+}

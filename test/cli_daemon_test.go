@@ -1,0 +1,409 @@
+package test
+
+// Command line tests: the daemon and foreground mounts, signals, unmount.
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/qcowfs/qcowfs/test/qemu"
+)
+
+// TestCLIDaemonReady: "qcowfs mount" returns only once the mount is live.
+// The checks right after it returns do not poll: the mount must be there.
+func TestCLIDaemonReady(t *testing.T) {
+	requireFUSE(t)
+	src := t.TempDir()
+	img, raw := cliImage(t, src, "vm")
+	logFile := filepath.Join(t.TempDir(), "qcowfs.log")
+	for i, source := range []string{src, src, img, img} {
+		mnt := t.TempDir()
+		cliCleanup(t, mnt)
+		r := cliRun(t, "mount", "--log-file", logFile, source, mnt)
+		cliWantOK(t, "qcowfs mount", r)
+		if r.stdout != "" || r.stderr != "" {
+			t.Errorf("qcowfs mount printed %q, %q; want silence", r.stdout, r.stderr)
+		}
+		m := cliMountAt(t, mnt)
+		if m == nil || m.FSType != "fuse.qcowfs" {
+			t.Fatalf("round %d: right after qcowfs mount returned, %s is mounted as %+v, want fuse.qcowfs", i, mnt, m)
+		}
+		if m.Source != source {
+			t.Errorf("mount source %q, want %q", m.Source, source)
+		}
+		sameFile(t, filepath.Join(mnt, "vm.raw"), raw)
+		cliWantOK(t, "qcowfs unmount", cliRun(t, "unmount", mnt))
+		if cliMountAt(t, mnt) != nil {
+			t.Fatalf("%s still mounted after qcowfs unmount returned", mnt)
+		}
+		cliWaitGone(t, mnt)
+	}
+}
+
+// A cliForeground is a "qcowfs mount --foreground" process.
+type cliForeground struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error  // Wait's result, once done is closed
+	log  string // its stderr
+}
+
+func cliStartForeground(t testing.TB, src, mnt string) *cliForeground {
+	t.Helper()
+	cliCleanup(t, mnt)
+	p := &cliForeground{done: make(chan struct{}), log: filepath.Join(t.TempDir(), "stderr")}
+	logf, err := os.Create(p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	p.cmd = exec.Command(qcowfsBin, "mount", "--foreground", "--log-level", "debug", src, mnt)
+	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		if !p.exited() {
+			p.cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	waitFor(t, "the foreground mount", 10*time.Second, func() bool { return isMounted(mnt) || p.exited() })
+	if p.exited() {
+		t.Fatalf("qcowfs mount --foreground exited: %v\n%s", p.err, p.stderr(t))
+	}
+	if m := cliMountAt(t, mnt); m.FSType != "fuse.qcowfs" {
+		t.Fatalf("%s mounted as %s", mnt, m.FSType)
+	}
+	return p
+}
+
+func (p *cliForeground) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *cliForeground) stderr(t testing.TB) string {
+	b, _ := os.ReadFile(p.log)
+	return string(b)
+}
+
+// wait waits for the process to exit and checks that it exited 0.
+func (p *cliForeground) wait(t testing.TB, why string) {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("qcowfs --foreground still running 15s after %s\n%s", why, p.stderr(t))
+	}
+	if p.err != nil {
+		t.Fatalf("qcowfs --foreground after %s: %v, want exit status 0\n%s", why, p.err, p.stderr(t))
+	}
+}
+
+// TestForegroundSignals: SIGTERM and SIGINT unmount and end a foreground
+// mount with status 0, even while a file is held open.
+func TestForegroundSignals(t *testing.T) {
+	requireFUSE(t)
+	src := t.TempDir()
+	_, raw := cliImage(t, src, "vm")
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			mnt := t.TempDir()
+			p := cliStartForeground(t, src, mnt)
+			sameFile(t, filepath.Join(mnt, "vm.raw"), raw)
+			if err := p.cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			p.wait(t, sig.String())
+			if isMounted(mnt) {
+				t.Fatalf("%s still mounted after qcowfs exited", mnt)
+			}
+		})
+	}
+
+	t.Run("busy", func(t *testing.T) {
+		mnt := t.TempDir()
+		p := cliStartForeground(t, src, mnt)
+		f, err := os.Open(filepath.Join(mnt, "vm.raw"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the busy mount to be detached", 10*time.Second, func() bool { return !isMounted(mnt) })
+		// Detached, but the open file still reads, served by the
+		// process, which must keep running until it is closed.
+		want, err := os.ReadFile(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, 200000)
+		if n, err := f.ReadAt(got, 1200000); err != nil || !bytes.Equal(got[:n], want[1200000:1200000+n]) {
+			t.Errorf("reading the open file after the detach: %d bytes, %v, or wrong bytes", n, err)
+		}
+		if p.exited() {
+			t.Fatalf("qcowfs exited (%v) while a file was open\n%s", p.err, p.stderr(t))
+		}
+		f.Close()
+		p.wait(t, "SIGTERM and closing the last open file")
+	})
+}
+
+// TestUnmount: "qcowfs unmount" unmounts qcowfs mounts and refuses
+// anything else.
+func TestUnmount(t *testing.T) {
+	requireFUSE(t)
+	src := t.TempDir()
+	cliImage(t, src, "vm")
+
+	t.Run("qcowfs", func(t *testing.T) {
+		m := mountImages(t, src)
+		cliCleanup(t, m.Dir)
+		if len(cliDaemons(t, m.Dir)) != 1 {
+			t.Fatalf("want one daemon for %s, have %v", m.Dir, cliDaemons(t, m.Dir))
+		}
+		r := cliRun(t, "unmount", m.Dir)
+		cliWantOK(t, "qcowfs unmount", r)
+		if r.stdout != "" || r.stderr != "" {
+			t.Errorf("qcowfs unmount printed %q, %q; want silence", r.stdout, r.stderr)
+		}
+		if isMounted(m.Dir) {
+			t.Fatalf("%s still mounted after qcowfs unmount", m.Dir)
+		}
+		cliWaitGone(t, m.Dir)
+	})
+
+	t.Run("relative_path_and_umount_alias", func(t *testing.T) {
+		m := mountImages(t, src)
+		cliCleanup(t, m.Dir)
+		cmd := exec.Command(qcowfsBin, "umount", filepath.Base(m.Dir))
+		cmd.Dir = filepath.Dir(m.Dir)
+		cliWantOK(t, "qcowfs umount DIR (relative)", cliRunCmd(t, cmd))
+		if isMounted(m.Dir) {
+			t.Fatalf("%s still mounted", m.Dir)
+		}
+		cliWaitGone(t, m.Dir)
+	})
+
+	t.Run("busy", func(t *testing.T) {
+		m := mountImages(t, src)
+		cliCleanup(t, m.Dir)
+		f, err := os.Open(filepath.Join(m.Dir, "vm.raw"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		cliWantError(t, "qcowfs unmount (busy)", cliRun(t, "unmount", m.Dir), "busy", "--lazy")
+		if !isMounted(m.Dir) {
+			t.Fatalf("a refused unmount unmounted %s", m.Dir)
+		}
+		cliWantOK(t, "qcowfs unmount --lazy", cliRun(t, "unmount", "--lazy", m.Dir))
+		if isMounted(m.Dir) {
+			t.Fatalf("%s still mounted after unmount --lazy", m.Dir)
+		}
+		f.Close()
+		cliWaitGone(t, m.Dir)
+	})
+
+	t.Run("not_a_mount", func(t *testing.T) {
+		dir := t.TempDir()
+		cliWantError(t, "qcowfs unmount (not mounted)", cliRun(t, "unmount", dir), dir, "not mounted")
+		missing := filepath.Join(dir, "nosuch")
+		cliWantError(t, "qcowfs unmount (missing)", cliRun(t, "unmount", missing), missing, "not mounted")
+	})
+
+	t.Run("tmpfs", func(t *testing.T) {
+		dir := t.TempDir()
+		cliTmpfs(t, dir)
+		cliWantError(t, "qcowfs unmount (tmpfs)", cliRun(t, "unmount", dir), dir, "tmpfs", "not a qcowfs")
+		if m := cliMountAt(t, dir); m == nil || m.FSType != "tmpfs" {
+			t.Fatalf("the tmpfs on %s is gone: %+v", dir, m)
+		}
+	})
+}
+
+// TestMountReportsRefused: qcowfs mount of a folder prints one line for
+// each image it does not show (which, why, the flag that shows it) and
+// exits 0; qcowfs status says the same, and the mount's facts, in both
+// formats, over the daemon's control socket (mode 0600).
+func TestMountReportsRefused(t *testing.T) {
+	requireFUSE(t)
+	src := t.TempDir()
+	_, goodRaw := cliImage(t, src, "good")
+	outside := t.TempDir()
+	over, _ := cliChainOutside(t, src, outside)
+	corrupt := filepath.Join(src, "sub", "corrupt.qcow2")
+	cliMkdir(t, src, "sub")
+	qemu.Create(t, "qcow2", corrupt, "1M")
+	cliSetIncompat(t, corrupt, 2)
+	locked, _ := cliImage(t, src, "locked")
+	holdOpen(t, locked)
+	want := map[string]string{over: "--allow-backing-outside=" + outside, corrupt: "--allow-corrupt", locked: "--force-share"}
+
+	mnt := t.TempDir()
+	cliCleanup(t, mnt)
+	logFile := filepath.Join(t.TempDir(), "log")
+	r := cliRun(t, "mount", "--log-file", logFile, src, mnt)
+	cliWantOK(t, "qcowfs mount", r)
+	lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+	if len(lines) != len(want) {
+		t.Errorf("qcowfs mount printed %d lines, want one per refused image (%d):\n%s", len(lines), len(want), r.stderr)
+	}
+	for img, flag := range want {
+		found := false
+		for _, l := range lines {
+			if strings.HasPrefix(l, "qcowfs: not shown: "+img+": ") && strings.Contains(l, flag) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no line says %s is not shown and names %s:\n%s", img, flag, r.stderr)
+		}
+	}
+	sameFile(t, filepath.Join(mnt, "good.raw"), goodRaw)
+
+	daemons := cliDaemons(t, mnt)
+	if len(daemons) != 1 {
+		t.Fatalf("want one daemon, have %v", daemons)
+	}
+	r = cliRun(t, "status", "--output=json", mnt)
+	cliWantOK(t, "qcowfs status --output=json", r)
+	var st struct {
+		Source, Mountpoint, Log string
+		PID                     int
+		Started                 time.Time
+		Refused                 []struct{ Image, Reason, Hint string }
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("qcowfs status --output=json: %v\n%s", err, r.stdout)
+	}
+	if st.Source != src || st.Mountpoint != mnt || st.PID != daemons[0] || st.Log != logFile || time.Since(st.Started) > time.Minute {
+		t.Errorf("qcowfs status: %+v; want source %s, mountpoint %s, pid %d, log %s, started just now", st, src, mnt, daemons[0], logFile)
+	}
+	if len(st.Refused) != len(want) {
+		t.Errorf("qcowfs status lists %d refused images, want %d: %+v", len(st.Refused), len(want), st.Refused)
+	}
+	for _, ref := range st.Refused {
+		if flag, ok := want[ref.Image]; !ok || !strings.Contains(ref.Reason+ref.Hint, flag) {
+			t.Errorf("qcowfs status: refused %+v; want one of %v with its flag", ref, want)
+		}
+	}
+	r = cliRun(t, "status", mnt)
+	cliWantOK(t, "qcowfs status", r)
+	for _, w := range []string{"source:      " + src, "mount point: " + mnt, fmt.Sprintf("pid %d", daemons[0]), "not shown:   3 images", over} {
+		if !strings.Contains(r.stdout, w) {
+			t.Errorf("qcowfs status does not say %q:\n%s", w, r.stdout)
+		}
+	}
+	// The socket is the owner's only.
+	sock := filepath.Join("/run/qcowfs", cliEscape(mnt)+".sock")
+	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o600 || fi.Mode()&os.ModeSocket == 0 {
+		t.Errorf("control socket %s: %v, %v; want a socket of mode 0600", sock, fi.Mode(), err)
+	}
+	cliWantOK(t, "qcowfs unmount", cliRun(t, "unmount", mnt))
+	cliWaitGone(t, mnt)
+	if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("control socket %s left behind after unmount: %v", sock, err)
+	}
+	cliWantError(t, "qcowfs status (unmounted)", cliRun(t, "status", mnt), mnt, "not mounted")
+	tmpfs := t.TempDir()
+	cliTmpfs(t, tmpfs)
+	cliWantError(t, "qcowfs status (tmpfs)", cliRun(t, "status", tmpfs), "not a qcowfs")
+}
+
+// TestDaemonLogFallback: without syslog the daemon logs to
+// /run/qcowfs/MNT.log and says so once at mount time; SIGHUP reopens the
+// file (logrotate moves it away first).
+func TestDaemonLogFallback(t *testing.T) {
+	requireFUSE(t)
+	if _, err := os.Stat("/dev/log"); err == nil {
+		t.Skip("this machine has syslog (/dev/log): the daemon logs there")
+	}
+	src := t.TempDir()
+	cliImage(t, src, "vm")
+	mnt := t.TempDir()
+	cliCleanup(t, mnt)
+	logFile := filepath.Join("/run/qcowfs", cliEscape(mnt)+".log")
+	os.Remove(logFile)
+	r := cliRun(t, "mount", src, mnt)
+	cliWantOK(t, "qcowfs mount", r)
+	if want := "qcowfs: no syslog (/dev/log): the log is in " + logFile + "\n"; r.stderr != want {
+		t.Errorf("qcowfs mount said %q, want %q", r.stderr, want)
+	}
+	b, err := os.ReadFile(logFile)
+	if err != nil || !strings.Contains(string(b), "msg=mounted") || !strings.Contains(string(b), "mountpoint="+mnt) {
+		t.Fatalf("log %s: %v\n%s", logFile, err, b)
+	}
+	rotated := logFile + ".1"
+	if err := os.Rename(logFile, rotated); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(rotated); os.Remove(logFile) })
+	daemons := cliDaemons(t, mnt)
+	if len(daemons) != 1 {
+		t.Fatalf("want one daemon, have %v", daemons)
+	}
+	syscall.Kill(daemons[0], syscall.SIGHUP)
+	waitFor(t, "the daemon to reopen its log", 10*time.Second, func() bool {
+		b, _ := os.ReadFile(logFile)
+		return strings.Contains(string(b), "log file reopened")
+	})
+	cliWantOK(t, "qcowfs unmount", cliRun(t, "unmount", mnt))
+	cliWaitGone(t, mnt)
+	now, _ := os.ReadFile(logFile)
+	old, _ := os.ReadFile(rotated)
+	if !strings.Contains(string(now), "msg=unmounted") || strings.Contains(string(old), "msg=unmounted") {
+		t.Errorf("after SIGHUP the log goes to the new file:\nnew %s:\n%s\nold %s:\n%s", logFile, now, rotated, old)
+	}
+}
+
+// TestKilledDaemonRecovery: after the daemon is killed the mount point is
+// dead ("Transport endpoint is not connected"); qcowfs unmount -z clears
+// it, as the README says, and the folder mounts again.
+func TestKilledDaemonRecovery(t *testing.T) {
+	requireFUSE(t)
+	src := t.TempDir()
+	_, raw := cliImage(t, src, "vm")
+	mnt := t.TempDir()
+	cliCleanup(t, mnt)
+	logFile := filepath.Join(t.TempDir(), "log")
+	cliWantOK(t, "qcowfs mount", cliRun(t, "mount", "--log-file", logFile, src, mnt))
+	daemons := cliDaemons(t, mnt)
+	if len(daemons) != 1 {
+		t.Fatalf("want one daemon, have %v", daemons)
+	}
+	syscall.Kill(daemons[0], syscall.SIGKILL)
+	cliWaitGone(t, mnt)
+	if _, err := os.Stat(filepath.Join(mnt, "vm.raw")); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("stat in the dead mount: %v, want ENOTCONN", err)
+	}
+	cliWantError(t, "qcowfs mount on the dead mount", cliRun(t, "mount", src, mnt), "already a mount point", "qcowfs unmount")
+	cliWantOK(t, "qcowfs unmount -z", cliRun(t, "unmount", "-z", mnt))
+	if cliMountAt(t, mnt) != nil {
+		t.Fatalf("%s still mounted after qcowfs unmount -z", mnt)
+	}
+	cliWantOK(t, "qcowfs mount again", cliRun(t, "mount", "--log-file", logFile, src, mnt))
+	sameFile(t, filepath.Join(mnt, "vm.raw"), raw)
+	cliWantOK(t, "qcowfs unmount", cliRun(t, "unmount", mnt))
+	cliWaitGone(t, mnt)
+}

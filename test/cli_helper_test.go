@@ -1,0 +1,246 @@
+package test
+
+// Command line tests: the mount(8) helper convention and fstab.
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// cliHelperNamespace prepares for running mount(8) the way users do, with
+// qcowfs installed where mount(8) finds it, without touching the system:
+//
+// mount(8) runs its helpers with an empty environment (util-linux 2.38
+// drops PATH), so /sbin/mount.fuse3 finds "qcowfs" only in /bin/sh's
+// default path (/usr/local/sbin:/usr/local/bin:/usr/sbin:...), whatever
+// PATH the test sets. So the command runs in a private mount namespace in
+// which a folder holding a qcowfs symlink is bind-mounted over
+// /usr/local/sbin. The mount point lies in a folder bind-mounted shared,
+// so that the FUSE mount made in that namespace appears in ours, where
+// the test checks it and unmounts it with plain umount.
+//
+// It returns the shared folder, for the mount point, and a function that
+// runs a command in such a namespace.
+func cliHelperNamespace(t *testing.T) (string, func(args ...string) cliResult) {
+	t.Helper()
+	requireFUSE(t)
+	for _, tool := range []string{"mount", "umount", "unshare", "findmnt", "/sbin/mount.fuse3"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed", tool)
+		}
+	}
+	sbin := "/usr/local/sbin"
+	if st, err := os.Stat(sbin); err != nil || !st.IsDir() {
+		sbin = "/usr/local/bin"
+	}
+	if _, err := os.Stat(filepath.Join(sbin, "qcowfs")); err == nil {
+		t.Logf("%s/qcowfs exists; hidden by the bind mount in the test namespace", sbin)
+	}
+	shared := t.TempDir()
+	for _, args := range [][]string{{"--bind", shared, shared}, {"--make-shared", shared}} {
+		if out, err := exec.Command("mount", args...).CombinedOutput(); err != nil {
+			t.Fatalf("mount %v: %v %s", args, err, out)
+		}
+	}
+	// Registered first, so it runs after the mount point's cleanup.
+	t.Cleanup(func() { exec.Command("umount", "-l", shared).Run() })
+	bin := t.TempDir()
+	if err := os.Symlink(qcowfsBin, filepath.Join(bin, "qcowfs")); err != nil {
+		t.Fatal(err)
+	}
+	const script = `set -e
+# Keep the bind mount over $2 in this namespace: make the mount it lands
+# on private here (not recursively: the shared folder stays shared).
+mount --make-private "$(findmnt -n -o TARGET --target "$2")"
+mount --bind "$1" "$2"
+shift 2
+exec "$@"`
+	run := func(args ...string) cliResult {
+		t.Helper()
+		cmd := exec.Command("unshare", append([]string{"--mount", "--propagation", "unchanged",
+			"sh", "-c", script, "sh", bin, sbin}, args...)...)
+		// qcowfs first in PATH too, as a user would have it;
+		// mount(8) drops PATH before running mount.fuse3 anyway.
+		cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(qcowfsBin)+":"+os.Getenv("PATH"))
+		return cliRunCmd(t, cmd)
+	}
+	return shared, run
+}
+
+// cliCheckHelperMount checks a mount made by mount(8): live, a qcowfs
+// daemon behind it, allow_other and read-only as asked, and the image's
+// bytes as qemu-img convert makes them. Then plain umount unmounts it and
+// the daemon exits.
+func cliCheckHelperMount(t *testing.T, mnt, src, raw string) {
+	t.Helper()
+	m := cliMountAt(t, mnt)
+	if m == nil || m.FSType != "fuse.qcowfs" {
+		t.Fatalf("%s: mounted as %+v, want fuse.qcowfs", mnt, m)
+	}
+	if m.Source != src {
+		t.Errorf("mount source %q, want %q", m.Source, src)
+	}
+	opts := strings.Split(m.SuperOptions, ",")
+	for _, o := range []string{"ro", "allow_other"} {
+		if !cliContains(opts, o) {
+			t.Errorf("mount options %s lack %s", m.SuperOptions, o)
+		}
+	}
+	daemons := cliDaemons(t, mnt)
+	if len(daemons) != 1 {
+		t.Fatalf("want one qcowfs daemon for %s, have %v", mnt, daemons)
+	}
+	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", daemons[0])); err != nil || exe != qcowfsBin {
+		t.Errorf("the daemon runs %q (%v), want the binary under test %s", exe, err, qcowfsBin)
+	}
+	sameFile(t, filepath.Join(mnt, "vm.raw"), raw)
+	if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("umount %s: %v %s", mnt, err, out)
+	}
+	if isMounted(mnt) {
+		t.Fatalf("%s still mounted after umount", mnt)
+	}
+	cliWaitGone(t, mnt)
+}
+
+// TestHelperMount: mount -t fuse.qcowfs SRC MNT -o ro,allow_other, which
+// mount(8) turns into /sbin/mount.fuse3 ..., which runs qcowfs SRC MNT -o
+// ro,allow_other,dev,suid.
+func TestHelperMount(t *testing.T) {
+	shared, run := cliHelperNamespace(t)
+	src := t.TempDir()
+	_, raw := cliImage(t, src, "vm")
+	mnt := cliMkdir(t, shared, "mnt")
+	cliCleanup(t, mnt)
+	r := run("mount", "-t", "fuse.qcowfs", src, mnt, "-o", "ro,allow_other")
+	cliWantOK(t, "mount -t fuse.qcowfs", r)
+	cliCheckHelperMount(t, mnt, src, raw)
+}
+
+// TestFstabMount: an fstab line "SRC MNT fuse.qcowfs ro,allow_other 0 0",
+// from a private fstab file (mount --fstab), not /etc/fstab.
+func TestFstabMount(t *testing.T) {
+	shared, run := cliHelperNamespace(t)
+	src := t.TempDir()
+	_, raw := cliImage(t, src, "vm")
+	mnt := cliMkdir(t, shared, "mnt")
+	cliCleanup(t, mnt)
+	esc := strings.NewReplacer(" ", `\040`, "\t", `\011`, `\`, `\134`).Replace
+	fstab := cliWrite(t, filepath.Join(t.TempDir(), "fstab"),
+		fmt.Sprintf("# qcowfs test\n%s %s fuse.qcowfs ro,allow_other 0 0\n", esc(src), esc(mnt)))
+	r := run("mount", "--fstab", fstab, mnt)
+	cliWantOK(t, "mount --fstab", r)
+	cliCheckHelperMount(t, mnt, src, raw)
+}
+
+// TestHelperAsMountQcowfs: installed as /sbin/mount.qcowfs, qcowfs is run
+// by mount(8) directly, with mount(8)'s own flags: -s, -n, -v, -o OPTS, -t
+// TYPE (for a helper whose name does not end with the type) and -f (fake:
+// record the mount, do nothing). argv[0] is what tells qcowfs.
+func TestHelperAsMountQcowfs(t *testing.T) {
+	requireFUSE(t)
+	src := t.TempDir()
+	_, raw := cliImage(t, src, "vm")
+	helper := func(args ...string) *exec.Cmd {
+		cmd := exec.Command(qcowfsBin, args...)
+		cmd.Args[0] = "/sbin/mount.qcowfs"
+		return cmd
+	}
+
+	mnt := t.TempDir()
+	cliCleanup(t, mnt)
+	cliWantOK(t, "mount.qcowfs", cliRunCmd(t, helper(src, mnt, "-s", "-n", "-v", "-o", "ro,allow_other,noatime", "-t", "fuse.qcowfs")))
+	cliCheckHelperMount(t, mnt, src, raw)
+
+	// mount -f: nothing is mounted, nothing stays running. (Were -f
+	// taken for --foreground, this would mount and never return.)
+	mnt = t.TempDir()
+	cliCleanup(t, mnt)
+	r := cliRunCmdTimeout(t, helper(src, mnt, "-f", "-o", "ro"), 10*time.Second)
+	cliWantOK(t, "mount.qcowfs -f", r)
+	if isMounted(mnt) {
+		t.Errorf("mount.qcowfs -f (fake) mounted %s", mnt)
+	}
+	if p := cliDaemons(t, mnt); len(p) != 0 {
+		t.Errorf("mount.qcowfs -f left processes %v", p)
+	}
+	// Options are still checked.
+	cliWantError(t, "mount.qcowfs -f -o bogus", cliRunCmd(t, helper(src, mnt, "-f", "-o", "bogus")), "bogus")
+}
+
+// TestHelperFakeMount: mount -f (fake) through mount.fuse3, which drops
+// the -f before running qcowfs: nothing is mounted, nothing keeps running,
+// exit 0; from the command line and from an fstab.
+func TestHelperFakeMount(t *testing.T) {
+	shared, run := cliHelperNamespace(t)
+	src := t.TempDir()
+	cliImage(t, src, "vm")
+	mnt := cliMkdir(t, shared, "mnt")
+	cliCleanup(t, mnt)
+	fstab := cliWrite(t, filepath.Join(t.TempDir(), "fstab"), fmt.Sprintf("%s %s fuse.qcowfs ro,allow_other 0 0\n", src, mnt))
+	for _, args := range [][]string{
+		{"mount", "-f", "-t", "fuse.qcowfs", src, mnt, "-o", "ro"},
+		{"mount", "--fake", "-v", "-t", "fuse.qcowfs", src, mnt},
+		{"mount", "-fv", "--fstab", fstab, mnt},
+	} {
+		r := run(args...)
+		cliWantOK(t, strings.Join(args, " "), r)
+		if m := cliMountAt(t, mnt); m != nil {
+			t.Errorf("%s mounted %s: %+v", strings.Join(args, " "), mnt, m)
+		}
+		if p := cliDaemons(t, mnt); len(p) != 0 {
+			t.Errorf("%s left qcowfs processes %v", strings.Join(args, " "), p)
+		}
+	}
+	// Without -f, the same mounts.
+	cliWantOK(t, "mount --fstab", run("mount", "--fstab", fstab, mnt))
+	if m := cliMountAt(t, mnt); m == nil || m.FSType != "fuse.qcowfs" {
+		t.Fatalf("mount --fstab did not mount: %+v", m)
+	}
+	if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("umount: %v %s", err, out)
+	}
+	cliWaitGone(t, mnt)
+}
+
+// TestFstabNofail: an fstab line with nofail whose source is missing
+// makes mount(8) exit 0 and mount nothing, as it does for a missing
+// device of a kernel file system (libmount: nofail forgives ENOENT of the
+// source); without nofail it fails with the reason. mount.fuse3 drops
+// nofail, so qcowfs finds it in the fstab line mount(8) mounts.
+func TestFstabNofail(t *testing.T) {
+	shared, run := cliHelperNamespace(t)
+	missing := filepath.Join(t.TempDir(), "no such images")
+	mnt := cliMkdir(t, shared, "mnt")
+	cliCleanup(t, mnt)
+	esc := strings.NewReplacer(" ", `\040`).Replace
+	for _, c := range []struct {
+		opts string
+		ok   bool
+	}{{"ro,nofail", true}, {"ro", false}} {
+		fstab := cliWrite(t, filepath.Join(t.TempDir(), "fstab"), fmt.Sprintf("%s %s fuse.qcowfs %s 0 0\n", esc(missing), esc(mnt), c.opts))
+		for _, args := range [][]string{{"mount", "--fstab", fstab, mnt}, {"mount", "-a", "--fstab", fstab}} {
+			r := run(args...)
+			what := strings.Join(args, " ") + " (" + c.opts + ")"
+			if c.ok {
+				cliWantOK(t, what, r)
+				if r.stderr != "" {
+					t.Errorf("%s printed %q; want silence, as mount(8) for nofail", what, r.stderr)
+				}
+			} else if r.code == 0 || !strings.Contains(r.stderr, "no such images") {
+				t.Errorf("%s: exit status %d, stderr %q; want a failure naming the source", what, r.code, r.stderr)
+			}
+			if m := cliMountAt(t, mnt); m != nil {
+				t.Errorf("%s mounted %+v", what, m)
+			}
+		}
+	}
+	// nofail on mount(8)'s command line.
+	r := run("mount", "-t", "fuse.qcowfs", "-o", "ro,nofail", missing, mnt)
+	cliWantOK(t, "mount -o nofail (missing source)", r)
+}

@@ -1,0 +1,218 @@
+package test
+
+// Command line tests: qcowfs info, map and check print what qemu-img
+// prints, byte for byte, over the whole test matrix; and what they say
+// where qemu-img has nothing to compare.
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/qcowfs/qcowfs/test/qemu"
+)
+
+// cliQemuMajor is the installed qemu-img's major version.
+func cliQemuMajor(t *testing.T) int {
+	out, err := exec.Command("qemu-img", "--version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`version (\d+)\.`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("qemu-img --version: %q", out)
+	}
+	n, _ := strconv.Atoi(string(m[1]))
+	return n
+}
+
+// cliBoth runs qemu-img and qcowfs with the same arguments in dir.
+func cliBoth(t *testing.T, dir string, args ...string) (q, us cliResult) {
+	t.Helper()
+	qc := exec.Command("qemu-img", args...)
+	qc.Dir = dir
+	uc := exec.Command(qcowfsBin, args...)
+	uc.Dir = dir
+	return cliRunCmd(t, qc), cliRunCmd(t, uc)
+}
+
+// cliDiff reports the first line where a and b differ.
+func cliDiff(a, b string) string {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	for i := 0; i < max(len(al), len(bl)); i++ {
+		var x, y string
+		if i < len(al) {
+			x = al[i]
+		}
+		if i < len(bl) {
+			y = bl[i]
+		}
+		if x != y {
+			return fmt.Sprintf("line %d:\nqemu-img: %q\nqcowfs:   %q", i+1, x, y)
+		}
+	}
+	return ""
+}
+
+// TestQemuImgDiff: for every image of the matrix, and encrypted, raw,
+// dirty and corrupt images, a bitmap without flags and a file name that
+// JSON must escape, `qcowfs info|map|check` (human and json, with
+// --backing-chain, --start-offset and --max-length, -f raw) print exactly
+// what `qemu-img` prints and exit with its status; where qemu-img fails,
+// qcowfs fails too (the messages are its own).
+//
+// What legitimately differs: qemu 8.0 and later describe the image's
+// protocol node ("children", "Child node '/file'"), which qcowfs does
+// not have; with such a qemu, info is compared without it. map's
+// "compressed" key follows the installed qemu-img (map --compressed=auto).
+func TestQemuImgDiff(t *testing.T) {
+	qemu.Require(t, "qemu-img", "qemu-io")
+	dir := qemu.TempDir(t)
+	images := qemu.Matrix(t, dir)
+	add := func(name, path string) { images = append(images, qemu.Image{Name: name, Path: path}) }
+
+	dirty := filepath.Join(dir, "dirty.qcow2")
+	qemu.Create(t, "qcow2", dirty, "1M", "-o", "lazy_refcounts=on")
+	qemu.IO(t, dirty, "write -P 0x12 0 4k")
+	cliSetIncompat(t, dirty, 1)
+	add("dirty", dirty)
+	corrupt := filepath.Join(dir, "corrupt.qcow2")
+	qemu.Create(t, "qcow2", corrupt, "1M")
+	qemu.IO(t, corrupt, "write -P 0x12 0 4k")
+	cliSetIncompat(t, corrupt, 2)
+	add("corrupt", corrupt)
+	bitmaps := filepath.Join(dir, "bitmaps.qcow2")
+	qemu.Create(t, "qcow2", bitmaps, "4M")
+	qemu.Img(t, "bitmap", "--add", bitmaps, "on")
+	qemu.Img(t, "bitmap", "--add", "--disable", "-g", "512k", bitmaps, "off") // no flags: an empty list
+	add("bitmaps", bitmaps)
+	for _, format := range []string{"luks", "aes"} {
+		p := filepath.Join(dir, format+".qcow2")
+		qemu.CreateEncrypted(t, p, format)
+		add(format, p)
+	}
+	odd := filepath.Join(dir, "odd size.raw")
+	if err := os.WriteFile(odd, bytes.Repeat([]byte("raw!"), 2500), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	add("raw-odd-size", odd)
+	sparse := filepath.Join(dir, "sparse.raw")
+	qemu.Create(t, "raw", sparse, "3M")
+	add("raw-sparse", sparse)
+	text := cliWrite(t, filepath.Join(dir, "text.qcow2"), strings.Repeat("not a qcow2 image\n", 100))
+	add("text", text)
+	// A name with a space, a quote, a backslash and non-ASCII letters,
+	// which qemu's JSON escapes its own way.
+	strange := filepath.Join(dir, `vm "ü" \ 東.qcow2`)
+	qemu.Create(t, "qcow2", strange, "1M", "-b", filepath.Base(images[0].Path), "-F", "qcow2")
+	add("strange-name", strange)
+	// Other compression, refcount width and an absolute backing name.
+	zstd := filepath.Join(dir, "zstd.qcow2")
+	qemu.Create(t, "qcow2", zstd, "3M", "-o", "compression_type=zstd,refcount_bits=1,extended_l2=on,cluster_size=16384", "-b", images[0].Path, "-F", "qcow2")
+	add("zstd", zstd)
+	orphan := filepath.Join(dir, "orphan.qcow2")
+	qemu.Img(t, "create", "-q", "-u", "-f", "qcow2", "-b", "gone.qcow2", "-F", "qcow2", orphan, "1M")
+	add("orphan", orphan)
+
+	newQemu := cliQemuMajor(t) >= 8
+	for _, im := range images {
+		t.Run(im.Name, func(t *testing.T) {
+			runs := [][]string{}
+			for _, out := range []string{"human", "json"} {
+				o := "--output=" + out
+				if !newQemu {
+					runs = append(runs, []string{"info", o, im.Path}, []string{"info", "--backing-chain", o, im.Path})
+				}
+				runs = append(runs,
+					[]string{"map", o, im.Path},
+					[]string{"map", o, "--start-offset=1000", "--max-length=3000000", im.Path},
+					[]string{"check", o, im.Path},
+					[]string{"info", "-f", "raw", o, im.Path},
+					[]string{"map", "-f", "raw", o, im.Path},
+					[]string{"check", "-f", "raw", o, im.Path},
+				)
+			}
+			// Relative names, as given, in "filename" and the
+			// backing file's "actual path".
+			runs = append(runs, []string{"info", "--backing-chain", filepath.Base(im.Path)}, []string{"map", filepath.Base(im.Path)})
+			for _, args := range runs {
+				if newQemu && args[0] == "info" {
+					continue
+				}
+				q, us := cliBoth(t, dir, args...)
+				what := strings.Join(args, " ")
+				if q.code != us.code {
+					t.Errorf("%s: qcowfs exits %d, qemu-img %d\nqemu-img: %s\nqcowfs: %s", what, us.code, q.code, q.stderr, us.stderr)
+					continue
+				}
+				if d := cliDiff(q.stdout, us.stdout); d != "" {
+					t.Errorf("%s: qcowfs prints something else than qemu-img, from %s", what, d)
+				}
+				if (q.stderr == "") != (us.stderr == "") {
+					t.Errorf("%s: stderr: qemu-img %q, qcowfs %q", what, q.stderr, us.stderr)
+				}
+			}
+		})
+	}
+}
+
+// cliSetIncompat sets bits of a qcow2 header's incompatible features
+// (bytes 72-79, big-endian): 1 is dirty, 2 is corrupt. qemu-img info then
+// says what it makes of the result.
+func cliSetIncompat(t *testing.T, path string, bits byte) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var b [1]byte
+	if _, err := f.ReadAt(b[:], 79); err != nil {
+		t.Fatal(err)
+	}
+	b[0] |= bits
+	if _, err := f.WriteAt(b[:], 79); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestInfoErrors: info on something that is no image file says why in one
+// line and fails; an encrypted image, which info describes, is refused by
+// the mount with the encryption named.
+func TestInfoErrors(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "nosuch.qcow2")
+	for _, c := range []struct {
+		path  string
+		words []string
+	}{
+		{missing, []string{missing, "no such file"}},
+		{dir, []string{dir, "directory"}},
+	} {
+		for _, cmd := range []string{"info", "map", "check"} {
+			for _, format := range []string{"human", "json"} {
+				r := cliRun(t, cmd, "--output="+format, c.path)
+				cliWantError(t, "qcowfs "+cmd+" --output="+format+" "+c.path, r, c.words...)
+			}
+		}
+	}
+	requireFUSE(t)
+	for _, format := range []string{"luks", "aes"} {
+		src := t.TempDir()
+		img := filepath.Join(src, format+".qcow2")
+		qemu.CreateEncrypted(t, img, format)
+		mnt := t.TempDir()
+		cliCleanup(t, mnt)
+		r := cliRun(t, "mount", img, mnt)
+		cliWantError(t, "qcowfs mount "+img, r, img, "encrypted ("+format+"): not supported")
+		if cliMountAt(t, mnt) != nil {
+			t.Errorf("the refused encrypted image %s was mounted", img)
+		}
+	}
+}
