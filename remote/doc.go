@@ -73,8 +73,8 @@
 // # Readahead
 //
 // Each Object detects sequential readers (readahead.go) and prefetches
-// ahead of them, a window that starts at one chunk and doubles up to
-// MaxReadahead; random readers cause no prefetch. Prefetches only take a
+// ahead of them from their third read on, a window that starts at one
+// chunk and doubles up to MaxReadahead; random readers cause no prefetch. Prefetches only take a
 // connection that is free, so demand reads are never queued behind them.
 //
 // # Counters

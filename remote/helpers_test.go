@@ -134,3 +134,35 @@ func nginxWith(t testing.TB, size int, tls bool) (*servers.Nginx, []byte) {
 	data := writeRandom(t, root, "disk.img", size, uint64(size))
 	return servers.StartNginx(t, root, tls), data
 }
+
+// walkFiles calls f for every regular file under dir.
+func walkFiles(t testing.TB, dir string, f func(path string, size int64)) {
+	t.Helper()
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		f(path, info.Size())
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// damage flips a byte in the middle of a file.
+func damage(t testing.TB, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0xff
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -6,13 +6,17 @@ import "sync"
 // of each to prefetch.
 //
 // It tracks up to maxStreams streams, each the end of a run of reads and a
-// window. A read that starts within one chunk of a stream's end (before or
-// after it: parallel FUSE readers arrive slightly out of order) continues
-// that stream; any other read starts a new stream in place of the least
-// recently used one, and prefetches nothing. So a random reader costs only
-// the chunks it reads, and a sequential one gets, from its second read on,
-// a window of prefetched chunks ahead of it that starts at one chunk and
-// doubles each time the reader has used half of it, up to MaxReadahead.
+// window. A read that starts up to one chunk before a stream's end or half
+// a chunk after it (parallel FUSE readers arrive slightly out of order)
+// belongs to that stream, and continues it if it ends past the stream's
+// end; any other read starts a new stream in place of the least recently
+// used one, and prefetches nothing. Prefetching starts at a stream's
+// second continuation: one random read may land near another, two in a
+// row hardly ever, and a reader re-reading one spot never continues its
+// stream. So a random reader costs only the chunks it reads, and a
+// sequential one gets, from its third read on, a window of prefetched
+// chunks ahead of it that starts at one chunk and doubles each time the
+// reader has used half of it, up to MaxReadahead.
 // Prefetching in half-window steps makes each prefetch a few large range
 // requests rather than one small request per chunk.
 //
@@ -28,7 +32,8 @@ const maxStreams = 4
 type stream struct {
 	next  int64  // where the stream's reads have got to (bytes)
 	ahead int64  // chunks before this index are read or prefetched
-	win   int64  // the window, in chunks; 0 until the stream's second read
+	win   int64  // the window, in chunks; 0 until prefetching starts
+	hits  int    // reads that continued the stream
 	used  uint64 // readahead.tick at the last read; 0: slot unused
 }
 
@@ -47,7 +52,7 @@ func (r *readahead) advise(off, end int64, o *Object) (from, to int64) {
 	var st *stream
 	for i := range r.streams {
 		s := &r.streams[i]
-		if s.used != 0 && off >= s.next-cs && off <= s.next+cs {
+		if s.used != 0 && off >= s.next-cs && off <= s.next+cs/2 {
 			st = s
 			break
 		}
@@ -63,7 +68,14 @@ func (r *readahead) advise(off, end int64, o *Object) (from, to int64) {
 		return 0, 0
 	}
 	st.used = r.tick
-	st.next = max(st.next, end)
+	if end <= st.next {
+		return 0, 0 // behind the stream's end: nothing new about it
+	}
+	st.next = end
+	if st.hits++; st.hits < 2 {
+		st.ahead = max(st.ahead, lastChunk+1)
+		return 0, 0
+	}
 	if st.win == 0 {
 		st.win = 1
 		st.ahead = max(st.ahead, lastChunk+1)

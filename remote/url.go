@@ -145,12 +145,24 @@ func sameHost(a, b *url.URL) bool {
 func Redact(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
-		// Cannot tell the parts apart: keep only what is before any '@'
-		// or '?', which is at worst the scheme and host.
-		if i := strings.IndexAny(raw, "@?"); i >= 0 {
-			return raw[:i] + "<redacted>"
+		// The parts cannot be told apart for sure: drop the query and
+		// fragment, and anything before an '@' in the authority.
+		s, q := raw, ""
+		if i := strings.IndexAny(s, "?#"); i >= 0 {
+			s, q = s[:i], "?<redacted>"
 		}
-		return raw
+		rest, scheme := s, ""
+		if i := strings.Index(s, "://"); i >= 0 {
+			scheme, rest = s[:i+3], s[i+3:]
+		}
+		auth, path := rest, ""
+		if i := strings.IndexByte(rest, '/'); i >= 0 {
+			auth, path = rest[:i], rest[i:]
+		}
+		if i := strings.LastIndexByte(auth, '@'); i >= 0 {
+			auth = "REDACTED@" + auth[i+1:]
+		}
+		return scheme + auth + path + q
 	}
 	return redactURL(u)
 }

@@ -38,6 +38,7 @@ type Fault struct {
 	Kind       FaultKind
 	Status     int                      // for Status; 503 if 0
 	RetryAfter int                      // for Status: a Retry-After header, in seconds, if > 0
+	Body       string                   // for Status: the body (e.g. an S3 error document); default a line of text
 	After      int64                    // for Drop and ShortBody: body bytes sent first
 	Delay      time.Duration            // for Delay
 	Count      int                      // requests to apply it to, then Pass; 0: every request
@@ -156,6 +157,12 @@ func (p *FaultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if f.RetryAfter > 0 {
 			w.Header().Set("Retry-After", strconv.Itoa(f.RetryAfter))
+		}
+		if f.Body != "" {
+			w.Header().Set("Content-Type", "application/xml")
+			w.WriteHeader(code)
+			io.WriteString(w, f.Body)
+			return
 		}
 		http.Error(w, fmt.Sprintf("fault proxy: status %d", code), code)
 		return
