@@ -76,7 +76,7 @@ func (h *httpBackend) get(ctx context.Context, off, n int64, pin *meta) (io.Read
 	}
 	resp, err := h.client.Do(req)
 	if err != nil {
-		return nil, meta{}, netError(err)
+		return nil, meta{}, netError(ctx, err)
 	}
 	m := meta{etag: resp.Header.Get("ETag"), lastModified: resp.Header.Get("Last-Modified")}
 	fail := func(err error) (io.ReadCloser, meta, error) {
@@ -202,11 +202,14 @@ func totalOf(s string) (int64, bool) {
 	return t, err == nil && t >= 0
 }
 
-// netError classifies an error of a request that got no response. A
-// *url.Error names the request's URL, query and all; its cause alone is
-// kept. Certificate errors are permanent, and say so; the rest (refused,
-// reset, timed out, cut short) are transient.
-func netError(err error) error {
+// netError classifies an error of a request (made under ctx) that got no
+// response, or whose body broke off. A *url.Error names the request's URL,
+// query and all; its cause alone is kept. Certificate errors are
+// permanent, and say so; if ctx ended, its error is returned for the
+// caller to report; everything else (refused, reset, cut short, a
+// transport timeout) is transient. The test is ctx, not the error: some of
+// net/http's own timeouts match context.DeadlineExceeded.
+func netError(ctx context.Context, err error) error {
 	if ue, ok := errors.AsType[*url.Error](err); ok {
 		err = ue.Err
 	}
@@ -219,8 +222,8 @@ func netError(err error) error {
 	switch {
 	case errors.As(err, &unknown), errors.As(err, &hostname), errors.As(err, &invalid), errors.As(err, &verify):
 		return fmt.Errorf("TLS: %w (give the server's CA with --ca-file)", err)
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return err // the caller knows why its context ended
+	case ctx.Err() != nil:
+		return ctx.Err() // the caller knows why its context ended
 	}
 	return transient(err)
 }
@@ -244,8 +247,9 @@ func tlsConfig(caFile string) (*tls.Config, error) {
 }
 
 // tuneTransport sets up a transport for range requests: up to conns
-// connections per host, TLS with tlsConf, dial, handshake and header
-// timeouts of stall, no transparent decompression. The S3 client's
+// connections per host, TLS with tlsConf, dial and handshake timeouts of
+// stall (the wait for headers and body is transfer's stall watchdog), no
+// transparent decompression. The S3 client's
 // transport gets the same (the SDK builds its own, so that it can add
 // AWS_CA_BUNDLE to the pool).
 func tuneTransport(tr *http.Transport, conns int, tlsConf *tls.Config, stall time.Duration) {
@@ -254,7 +258,6 @@ func tuneTransport(tr *http.Transport, conns int, tlsConf *tls.Config, stall tim
 	tr.DialContext = dialer.DialContext
 	tr.TLSClientConfig = tlsConf.Clone()
 	tr.TLSHandshakeTimeout = stall
-	tr.ResponseHeaderTimeout = stall
 	tr.MaxConnsPerHost = conns
 	tr.MaxIdleConns = 4 * conns
 	tr.MaxIdleConnsPerHost = conns

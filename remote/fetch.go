@@ -63,7 +63,7 @@ func (c *Client) transfer(ctx context.Context, be backend, off int64, bufs [][]b
 		}
 		if rerr != nil {
 			c.count(st, func(k *counters) { k.bytes.Add(got) })
-			return m, got, stalled(actx, stall, transient(fmt.Errorf("body cut after %d of %d bytes: %w", got, want, netError(rerr))))
+			return m, got, stalled(actx, stall, transient(fmt.Errorf("body cut after %d of %d bytes: %w", got, want, netError(actx, rerr))))
 		}
 	}
 	c.count(st, func(k *counters) { k.bytes.Add(got) })
@@ -106,6 +106,9 @@ func (o *Object) fetch(ctx context.Context, off int64, bufs [][]byte, prefetch b
 		}
 		_, got, err := o.c.transfer(ctx, o.be, off+done, rest, &o.meta, &o.st)
 		done += got
+		if err != nil && ctx.Err() == nil {
+			o.lastFail.Store(&err)
+		}
 		return err
 	})
 	return done, err
@@ -159,6 +162,9 @@ func (c *Client) expired(ctx context.Context, err, last error) error {
 	}
 	if errors.Is(cause, ErrTimeout) {
 		return cause
+	}
+	if errors.Is(cause, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: no answer within %v", ErrTimeout, c.opts.Timeout)
 	}
 	return fmt.Errorf("%w (%v): %w", ErrTimeout, c.opts.Timeout, cause)
 }

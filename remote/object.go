@@ -38,6 +38,7 @@ type Object struct {
 	mu        sync.Mutex            // orders wg.Add against Close's wg.Wait
 	closed    atomic.Bool           // set under mu
 	changed   atomic.Pointer[error] // the first ErrChanged seen
+	lastFail  atomic.Pointer[error] // the last failed attempt of a fetch, for timeout errors
 	closeOnce sync.Once
 }
 
@@ -198,9 +199,17 @@ func (o *Object) readSlow(ctx context.Context, p []byte, off, idx, last int64, s
 			run = nil
 		}
 	}
+	timedOut := func() error {
+		if lastErr == nil {
+			if e := o.lastFail.Load(); e != nil {
+				lastErr = *e // what the fetches this read waits for ran into
+			}
+		}
+		return o.c.expired(ctx, ctx.Err(), lastErr)
+	}
 	for round := 0; len(todo) > 0; round++ {
 		if ctx.Err() != nil {
-			return o.c.expired(ctx, ctx.Err(), lastErr)
+			return timedOut()
 		}
 		waits = waits[:0]
 		for _, i := range todo {
@@ -246,7 +255,7 @@ func (o *Object) readSlow(ctx context.Context, p []byte, off, idx, last int64, s
 			case <-w.s.done:
 			case <-ctx.Done():
 				o.unpinAll(waits[j:])
-				return o.c.expired(ctx, ctx.Err(), lastErr)
+				return timedOut()
 			}
 			err := w.s.err
 			if err == nil {

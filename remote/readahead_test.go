@@ -226,7 +226,9 @@ func TestDiskCache(t *testing.T) {
 	opts4 := testOptions(nil)
 	opts4.CacheDir, opts4.CacheDirSize = small, 5*(opts4.ChunkSize+64)
 	c4 := newClient(t, opts4)
-	readAll(t, open(t, c4, ng.URL+"/disk.img"), 64<<10)
+	o4 := open(t, c4, ng.URL+"/disk.img")
+	readAll(t, o4, 64<<10)
+	o4.Close() // waits for the fetches, and so for their chunk files
 	var total int64
 	walkFiles(t, small, func(_ string, size int64) { total += size })
 	if total > opts4.CacheDirSize || total == 0 {

@@ -43,7 +43,7 @@ func (b *s3Backend) get(ctx context.Context, off, n int64, pin *meta) (io.ReadCl
 		if pin == nil && s3Status(err) == http.StatusRequestedRangeNotSatisfiable {
 			return b.head(ctx) // an empty object has no byte 0
 		}
-		return nil, meta{}, s3Error(err, pin)
+		return nil, meta{}, s3Error(ctx, err, pin)
 	}
 	m := meta{etag: aws.ToString(out.ETag), versionID: aws.ToString(out.VersionId)}
 	fail := func(err error) (io.ReadCloser, meta, error) {
@@ -78,7 +78,7 @@ func (b *s3Backend) get(ctx context.Context, off, n int64, pin *meta) (io.ReadCl
 func (b *s3Backend) head(ctx context.Context) (io.ReadCloser, meta, error) {
 	out, err := b.api.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &b.bucket, Key: &b.key})
 	if err != nil {
-		return nil, meta{}, s3Error(err, nil)
+		return nil, meta{}, s3Error(ctx, err, nil)
 	}
 	m := meta{size: aws.ToInt64(out.ContentLength), etag: aws.ToString(out.ETag), versionID: aws.ToString(out.VersionId)}
 	if m.size != 0 {
@@ -97,7 +97,7 @@ func s3Status(err error) int {
 // s3Error classifies an S3 call's error. Its message is rebuilt from the
 // status, the S3 error code and message, or the network error, so that
 // nothing of the signed request shows.
-func s3Error(err error, pin *meta) error {
+func s3Error(ctx context.Context, err error, pin *meta) error {
 	status := s3Status(err)
 	var code, msg string
 	if ae, ok := errors.AsType[smithy.APIError](err); ok {
@@ -107,20 +107,19 @@ func s3Error(err error, pin *meta) error {
 		}
 	}
 	if status == 0 && code == "" {
-		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-			return err
-		}
-		return netError(unwrapAll(err))
+		return netError(ctx, unwrapAll(err))
 	}
 	se := &StatusError{Code: status, S3Code: code, Message: msg}
 	switch {
+	case authCodes[code]: // before 404: versitygw answers an unknown key with one
+		return fmt.Errorf("%w: %w (check the access key and secret)", ErrAuth, se)
 	case pin != nil && (status == http.StatusPreconditionFailed || code == "PreconditionFailed"):
 		return fmt.Errorf("%w: version %s is gone (%w)", ErrChanged, pin.version(), se)
 	case pin != nil && (status == http.StatusNotFound || code == "NoSuchKey" || code == "NoSuchVersion"):
 		return fmt.Errorf("%w: the object is gone (%w)", ErrChanged, se)
 	case status == http.StatusNotFound, code == "NoSuchKey", code == "NoSuchBucket", code == "NotFound":
 		return fmt.Errorf("%w: %w", ErrNotFound, se)
-	case status == http.StatusUnauthorized, status == http.StatusForbidden, authCodes[code]:
+	case status == http.StatusUnauthorized, status == http.StatusForbidden:
 		return fmt.Errorf("%w: %w (check the access key and secret)", ErrAuth, se)
 	case status == http.StatusTooManyRequests, status >= 500, retryCodes[code]:
 		return transient(se)
@@ -132,6 +131,7 @@ var authCodes = map[string]bool{
 	"InvalidAccessKeyId": true, "SignatureDoesNotMatch": true, "AccessDenied": true,
 	"ExpiredToken": true, "InvalidToken": true, "TokenRefreshRequired": true,
 	"AuthorizationHeaderMalformed": true,
+	"XAdminUserNotFound":           true, // versitygw's 404 for an unknown access key
 }
 
 var retryCodes = map[string]bool{
@@ -262,7 +262,7 @@ func (c *Client) List(ctx context.Context, prefixURL string) ([]Entry, error) {
 			var err error
 			out, err = api.ListObjectsV2(ctx, in)
 			if err != nil {
-				return s3Error(err, nil)
+				return s3Error(ctx, err, nil)
 			}
 			return nil
 		})

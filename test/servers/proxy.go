@@ -57,7 +57,7 @@ type FaultProxy struct {
 	mu      sync.Mutex
 	fault   Fault
 	left    int           // requests the fault still applies to, with Count > 0
-	release chan struct{} // closed by Release
+	release chan struct{} // closed by Release, then replaced
 
 	requests, faulted, bodyBytes atomic.Int64
 	held                         atomic.Int32
@@ -105,15 +105,13 @@ func (p *FaultProxy) Set(f Fault) {
 // Release or their client gives up).
 func (p *FaultProxy) Clear() { p.Set(Fault{}) }
 
-// Release lets every request held by Stall, now and later, proceed.
+// Release lets the requests that Stall holds now proceed; later ones are
+// held again while the fault lasts.
 func (p *FaultProxy) Release() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	select {
-	case <-p.release:
-	default:
-		close(p.release)
-	}
+	close(p.release)
+	p.release = make(chan struct{})
 }
 
 // Requests is the number of requests received; Faulted, how many got a

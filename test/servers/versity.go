@@ -58,7 +58,11 @@ func StartVersityWith(t testing.TB, root, access, secret string, o VersityOption
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		args := []string{"--port", addr, "--quiet", "--health", "/health", "posix"}
 		if o.Versioning {
-			args = append(args, "--versioning-dir", filepath.Join(logDir, "versions"))
+			dir := filepath.Join(logDir, "versions")
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			args = append(args, "--versioning-dir", dir)
 		}
 		args = append(args, root)
 		cmd := exec.Command(bin, args...)
