@@ -6,10 +6,15 @@ PREFIX  ?= /usr/local
 VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 BIN     := bin/qcowfs
-# Packages the tests and the demo need (Debian names).
-TEST_PKGS := fuse3 qemu-utils fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc
+# Packages the tests and the demo need (Debian names); nginx serves the
+# remote/ tests' HTTP(S) objects.
+TEST_PKGS := fuse3 qemu-utils fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc nginx
+# Go programs the tests need (scripts/go-tools.sh pins their versions:
+# versitygw, the S3 server), installed into $(go env GOPATH)/bin, which
+# the tests find on PATH.
+GOBIN_DIR = $(shell $(GO) env GOPATH)/bin
 
-.PHONY: all build test demo lint fuzz install uninstall deps deps-build clean
+.PHONY: all build test demo lint fuzz install uninstall deps deps-build deps-go clean
 
 all: build
 
@@ -19,13 +24,16 @@ build: deps-build
 deps:
 	@scripts/deps.sh $(TEST_PKGS)
 
+deps-go:
+	@GO=$(GO) scripts/go-tools.sh
+
 # Building needs libdeflate's header (cgo); CGO_ENABLED=0 builds a pure-Go
 # binary with a slower inflate instead.
 deps-build:
 	@[ "$$CGO_ENABLED" = 0 ] || scripts/deps.sh libdeflate-dev gcc
 
-test: deps lint
-	$(GO) test -count=1 -timeout 30m ./...
+test: deps deps-go lint
+	PATH="$$PATH:$(GOBIN_DIR)" $(GO) test -count=1 -timeout 30m ./...
 
 demo: deps build
 	@scripts/demo.sh $(BIN) $(IMAGES)

@@ -2,6 +2,7 @@ package remote
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,14 +30,15 @@ func TestFaults(t *testing.T) {
 		retries bool          // the read needed retries
 		minTime time.Duration // the read takes at least this long
 		says    string        // the error says this
+		timeout time.Duration // Options.Timeout; default 1 s
 	}{
 		{name: "503 twice", fault: servers.Fault{Kind: servers.Status, Count: 2}, retries: true},
 		{name: "500 always", fault: servers.Fault{Kind: servers.Status, Status: 500}, wantErr: ErrTimeout, says: "status 500"},
 		{name: "503 always", fault: servers.Fault{Kind: servers.Status}, wantErr: ErrTimeout, says: "status 503"},
-		{name: "429 with Retry-After 1", fault: servers.Fault{Kind: servers.Status, Status: 429, RetryAfter: 1, Count: 1}, retries: true, minTime: time.Second},
+		{name: "429 with Retry-After 1", fault: servers.Fault{Kind: servers.Status, Status: 429, RetryAfter: 1, Count: 1}, retries: true, minTime: time.Second, timeout: 3 * time.Second},
 		{name: "connection dropped mid-body twice", fault: servers.Fault{Kind: servers.Drop, After: 30000, Count: 2}, retries: true},
 		{name: "connection dropped mid-body always", fault: servers.Fault{Kind: servers.Drop, After: 1000}, wantErr: ErrTimeout, says: "body cut"},
-		{name: "stall once", fault: servers.Fault{Kind: servers.Stall, Count: 1}, retries: true, minTime: 500 * time.Millisecond},
+		{name: "stall once", fault: servers.Fault{Kind: servers.Stall, Count: 1}, retries: true, minTime: 300 * time.Millisecond},
 		{name: "stall always", fault: servers.Fault{Kind: servers.Stall}, wantErr: ErrTimeout, says: "no byte received"},
 		{name: "short body once", fault: servers.Fault{Kind: servers.ShortBody, After: 5000, Count: 1}, retries: true},
 		{name: "short body always", fault: servers.Fault{Kind: servers.ShortBody, After: 5000}, wantErr: ErrTimeout, says: "short body"},
@@ -45,6 +47,8 @@ func TestFaults(t *testing.T) {
 	} {
 		t.Run(strings.ReplaceAll(c.name, " ", "_"), func(t *testing.T) {
 			opts := testOptions(nil)
+			opts.Timeout = cmp.Or(c.timeout, time.Second)
+			opts.StallTimeout = 300 * time.Millisecond
 			cl := newClient(t, opts)
 			o := open(t, cl, px.URL+"/disk.img")
 			px.Set(c.fault)

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/qcowfs/qcowfs/test/servers"
 )
 
 // TestHTTPReads compares reads through nginx with the file it serves:
@@ -191,5 +193,20 @@ func TestTinyCache(t *testing.T) {
 	}
 	if st.Direct == 0 {
 		t.Errorf("no read went around the cache with 6-chunk reads through 2 slots: %+v", st.Stats)
+	}
+}
+
+// TestEmptyObject opens a zero-byte file: no range to ask for, yet not a
+// server ignoring Range.
+func TestEmptyObject(t *testing.T) {
+	root := t.TempDir()
+	writeRandom(t, root, "empty.img", 0, 0)
+	ng := servers.StartNginx(t, root, false)
+	o := open(t, newClient(t, testOptions(nil)), ng.URL+"/empty.img")
+	if o.Size() != 0 {
+		t.Fatalf("Size %d", o.Size())
+	}
+	if n, err := o.ReadAt(make([]byte, 10), 0); n != 0 || err != io.EOF {
+		t.Errorf("ReadAt = %d, %v; want 0, EOF", n, err)
 	}
 }

@@ -104,8 +104,6 @@ func (o *Object) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 	if len(want) == 0 {
 		return 0, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, o.c.opts.Timeout)
-	defer cancel()
 	end := off + int64(len(want))
 	if from, to := o.ra.advise(off, end, o); from < to {
 		o.prefetch(from, to)
@@ -159,13 +157,16 @@ type pending struct {
 }
 
 // read fills p with the bytes at off, all within the object. The common
-// case, every chunk in the cache, allocates nothing.
+// case, every chunk in the cache, allocates nothing: the read's Timeout
+// starts only when a chunk is missing.
 func (o *Object) read(ctx context.Context, p []byte, off int64) error {
 	cs := o.c.opts.ChunkSize
 	first, last := off/cs, (off+int64(len(p))-1)/cs
 	for idx := first; idx <= last; idx++ {
 		s, r := o.c.cache.get(o.key(idx))
 		if r != hit {
+			ctx, cancel := context.WithTimeout(ctx, o.c.opts.Timeout)
+			defer cancel()
 			return o.readSlow(ctx, p, off, idx, last, s, r)
 		}
 		o.copyOut(p, off, idx, s.buf[:s.n])

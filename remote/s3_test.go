@@ -240,6 +240,7 @@ func TestS3Faults(t *testing.T) {
 		t.Run(strings.ReplaceAll(c.name, " ", "_"), func(t *testing.T) {
 			opts := s3Options(s, s.Secret, nil)
 			opts.S3Endpoint = px.URL
+			opts.Timeout, opts.StallTimeout = time.Second, 300*time.Millisecond
 			o := open(t, newClient(t, opts), "s3://bkt/k")
 			px.Set(c.fault)
 			defer func() { px.Clear(); px.Release() }()
