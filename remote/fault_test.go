@@ -221,7 +221,9 @@ func TestRedacted(t *testing.T) {
 	ng, _ := nginxWith(t, 1<<20, false)
 	px := servers.NewFaultProxy(t, ng.URL)
 	var log logBuf
-	c := newClient(t, testOptions(&log))
+	opts := testOptions(&log)
+	opts.Timeout = time.Second
+	c := newClient(t, opts)
 	secrets := []string{"hunter2", "SIGsecret", "CREDsecret"}
 	host := strings.TrimPrefix(px.URL, "http://")
 	check := func(what, s string) {

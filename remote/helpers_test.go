@@ -44,15 +44,17 @@ func (l *logBuf) count(s string) int {
 	return n
 }
 
-// testOptions are small and quick: 64 KiB chunks, a 2 s timeout.
+// testOptions are small: 64 KiB chunks, quick retries. The timeout is
+// generous (a loaded machine running -race is slow); tests of timeouts set
+// their own.
 func testOptions(log *logBuf) Options {
 	o := Options{
 		ChunkSize:    64 << 10,
 		MaxRequest:   256 << 10,
 		MaxReadahead: 1 << 20,
 		CacheSize:    8 << 20,
-		Timeout:      2 * time.Second,
-		StallTimeout: 500 * time.Millisecond,
+		Timeout:      10 * time.Second,
+		StallTimeout: 2 * time.Second,
 		RetryBase:    10 * time.Millisecond,
 		RetryMax:     100 * time.Millisecond,
 	}

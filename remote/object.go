@@ -212,6 +212,9 @@ func (o *Object) readSlow(ctx context.Context, p []byte, off, idx, last int64, s
 		if ctx.Err() != nil {
 			return timedOut()
 		}
+		if o.closed.Load() {
+			return ErrClosed // its fetches are dropped: do not start more
+		}
 		waits = waits[:0]
 		for _, i := range todo {
 			if round > 0 || i != idx {

@@ -5,8 +5,8 @@ import "sync/atomic"
 // Stats counts what an Object, or all objects of a Client, cost and saved.
 // Counters only grow.
 type Stats struct {
-	Requests   int64 // GET requests sent, retries and Open's included
-	Bytes      int64 // body bytes received
+	Requests   int64 // requests sent, retries included (Open's and List's count for the Client only)
+	Bytes      int64 // body bytes received (Open's for the Client only)
 	Retries    int64 // attempts repeated after a transient failure
 	Hits       int64 // chunks read found in the memory cache
 	Misses     int64 // chunks read not in the memory cache
