@@ -7,10 +7,15 @@ VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 BIN     := bin/qcowfs
 MAN     := bin/qcowfs.1
-# Packages the tests and the demo need (Debian names).
-TEST_PKGS := fuse3 qemu-utils fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc groff-base systemd
+# Packages the tests and the demo need (Debian names); nginx serves the
+# remote images of the tests.
+TEST_PKGS := fuse3 qemu-utils fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc groff-base systemd nginx
+# Go programs the tests need (scripts/go-tools.sh pins their versions:
+# versitygw, the S3 server), installed into $(go env GOPATH)/bin, which
+# the tests find on PATH.
+GOBIN_DIR = $(shell $(GO) env GOPATH)/bin
 
-.PHONY: all build man test demo lint fuzz install uninstall deps deps-build clean
+.PHONY: all build man test demo lint fuzz install uninstall deps deps-build deps-go clean
 
 all: build
 
@@ -20,18 +25,22 @@ build: deps-build
 deps:
 	@scripts/deps.sh $(TEST_PKGS)
 
+deps-go:
+	@GO=$(GO) scripts/go-tools.sh
+
 # Building needs libdeflate's header (cgo); CGO_ENABLED=0 builds a pure-Go
 # binary with a slower inflate instead.
 deps-build:
 	@[ "$$CGO_ENABLED" = 0 ] || scripts/deps.sh libdeflate-dev gcc
 
-# Packages with concurrency of their own run under the race detector; the
-# end-to-end tests in test/ run a daemon built with -race too, and fail on
-# any race it reports (test/harness_test.go).
+# Packages with concurrency of their own run under the race detector; of
+# the end-to-end tests in test/, those whose daemons run concurrent
+# requests use a daemon built with -race too, and fail on any race it
+# reports (test/harness_test.go).
 RACE_PKGS := ./qcow2/ ./fs/ ./readahead/ ./fiemap/
-test: deps lint
+test: deps deps-go lint
 	$(GO) test -race -count=1 -timeout 30m $(RACE_PKGS)
-	QCOWFS_TEST_RACE=1 $(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e /qcow2$$ -e /fs$$ -e /readahead$$ -e /fiemap$$)
+	PATH="$$PATH:$(GOBIN_DIR)" QCOWFS_TEST_RACE=1 $(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e /qcow2$$ -e /fs$$ -e /readahead$$ -e /fiemap$$)
 
 demo: deps build
 	@scripts/demo.sh $(BIN) $(IMAGES)

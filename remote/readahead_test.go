@@ -1,0 +1,238 @@
+package remote
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/qcowfs/qcowfs/test/servers"
+)
+
+// rangesAfter returns the Range headers of the GETs logged after the
+// first skip requests.
+func rangesAfter(log []servers.Access, skip int) []string {
+	var r []string
+	for _, a := range log[skip:] {
+		r = append(r, a.Range)
+	}
+	return r
+}
+
+// waitFor polls cond until it holds, failing the test after d.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestSpanningRead: one read over ten missing chunks is split into range
+// requests of at most MaxRequest (four chunks), all in flight at once,
+// that fetch exactly the chunks needed.
+func TestSpanningRead(t *testing.T) {
+	ng, data := nginxWith(t, 2<<20, false)
+	px := servers.NewFaultProxy(t, ng.URL)
+	opts := testOptions(nil)
+	opts.StallTimeout = 5 * time.Second
+	c := newClient(t, opts)
+	o := open(t, c, px.URL+"/disk.img")
+	cs := opts.ChunkSize
+	off, n := 2*cs+100, 10*cs-200 // chunks 2 to 11
+	px.Set(servers.Fault{Kind: servers.Stall})
+	p := make([]byte, n)
+	done := make(chan error, 1)
+	go func() { _, err := o.ReadAt(p, off); done <- err }()
+	waitFor(t, 5*time.Second, "3 requests in flight", func() bool { return px.Held() == 3 })
+	px.Clear()
+	px.Release()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("read hung")
+	}
+	if !bytes.Equal(p, data[off:off+n]) {
+		t.Fatal("bytes differ")
+	}
+	got := rangesAfter(ng.WaitLog(t, 4), 1)
+	slices.Sort(got)
+	want := []string{
+		fmt.Sprintf("bytes=%d-%d", 10*cs, 12*cs-1),
+		fmt.Sprintf("bytes=%d-%d", 2*cs, 6*cs-1),
+		fmt.Sprintf("bytes=%d-%d", 6*cs, 10*cs-1),
+	}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("range requests %q, want %q", got, want)
+	}
+}
+
+// TestSingleFetch: readers of a chunk being fetched wait for that fetch
+// rather than send their own request.
+func TestSingleFetch(t *testing.T) {
+	ng, data := nginxWith(t, 1<<20, false)
+	px := servers.NewFaultProxy(t, ng.URL)
+	opts := testOptions(nil)
+	opts.StallTimeout = 5 * time.Second
+	opts.Timeout = 10 * time.Second
+	c := newClient(t, opts)
+	o := open(t, c, px.URL+"/disk.img")
+	before := px.Requests()
+	px.Set(servers.Fault{Kind: servers.Stall})
+	const readers = 8
+	cs := opts.ChunkSize
+	var wg sync.WaitGroup
+	errs := make(chan error, readers)
+	read := func(i int) {
+		off := 3*cs + int64(i)*1000
+		p := make([]byte, 4000)
+		if _, err := o.ReadAt(p, off); err != nil {
+			errs <- err
+		} else if !bytes.Equal(p, data[off:off+4000]) {
+			errs <- fmt.Errorf("reader %d: bytes differ", i)
+		}
+	}
+	wg.Go(func() { read(0) })
+	waitFor(t, 5*time.Second, "the first fetch", func() bool { return px.Held() == 1 })
+	for i := 1; i < readers; i++ {
+		wg.Go(func() { read(i) })
+	}
+	waitFor(t, 5*time.Second, "7 readers waiting", func() bool { return o.Stats().Waits == readers-1 || px.Held() > 1 })
+	px.Clear()
+	px.Release()
+	within(t, 10*time.Second, "readers", wg.Wait)
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	// Count the requests for chunk 3 (readers further on may prefetch
+	// chunk 4).
+	log := ng.WaitLog(t, int(px.Requests()))
+	n := 0
+	for _, r := range rangesAfter(log, int(before)) {
+		var lo, hi int64
+		fmt.Sscanf(r, "bytes=%d-%d", &lo, &hi)
+		if lo <= 3*cs && hi >= 3*cs {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d requests for one chunk read by %d readers at once, want 1", n, readers)
+	}
+}
+
+// TestReadahead: a sequential reader gets growing prefetches, so a scan
+// in small reads costs a few large requests; random readers cause no
+// prefetch and fetch no more than the chunks they touch.
+func TestReadahead(t *testing.T) {
+	const size = 16 << 20
+	ng, data := nginxWith(t, size, false)
+	opts := testOptions(nil)
+	c := newClient(t, opts)
+	o := open(t, c, ng.URL+"/disk.img")
+	chunks := int64(size / opts.ChunkSize)
+	if !bytes.Equal(readAll(t, o, 16<<10), data) {
+		t.Fatal("sequential read differs")
+	}
+	st := o.Stats()
+	t.Logf("sequential scan of %d chunks in 16 KiB reads: %+v", chunks, st)
+	if st.Prefetched == 0 {
+		t.Errorf("no prefetch for a sequential scan: %+v", st)
+	}
+	if st.Requests > chunks/3 {
+		t.Errorf("%d requests for a scan of %d chunks: readahead should batch them", st.Requests, chunks)
+	}
+	if st.Bytes > size {
+		t.Errorf("%d bytes fetched for a %d byte file", st.Bytes, size)
+	}
+
+	o2 := open(t, newClient(t, opts), ng.URL+"/disk.img")
+	r := rand.New(rand.NewPCG(5, 6))
+	p := make([]byte, 4096)
+	const reads = 40
+	for range reads {
+		off := r.Int64N(size - 4096)
+		if _, err := o2.ReadAt(p, off); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(p, data[off:off+4096]) {
+			t.Fatalf("random read at %d differs", off)
+		}
+	}
+	st = o2.Stats()
+	if st.Prefetched != 0 || st.Bytes > reads*2*opts.ChunkSize {
+		t.Errorf("random 4 KiB reads: %d chunks prefetched, %d bytes fetched for %d reads", st.Prefetched, st.Bytes, reads)
+	}
+}
+
+// TestDiskCache: a second Client with the same CacheDir reads what the
+// first fetched without a request; the folder stays within CacheDirSize;
+// a damaged chunk file is dropped and fetched again.
+func TestDiskCache(t *testing.T) {
+	const size = 1<<20 + 3000
+	ng, data := nginxWith(t, size, false)
+	dir := t.TempDir()
+	opts := testOptions(nil)
+	opts.CacheDir = dir
+	o1 := open(t, newClient(t, opts), ng.URL+"/disk.img")
+	if !bytes.Equal(readAll(t, o1, 64<<10), data) {
+		t.Fatal("first read differs")
+	}
+	o1.Close()
+
+	var log logBuf
+	opts2 := testOptions(&log)
+	opts2.CacheDir = dir
+	c2 := newClient(t, opts2)
+	o2 := open(t, c2, ng.URL+"/disk.img")
+	if !bytes.Equal(readAll(t, o2, 64<<10), data) {
+		t.Fatal("read from the disk cache differs")
+	}
+	if st := o2.Stats(); st.Requests != 0 || st.DiskHits == 0 {
+		t.Errorf("second client: %+v; want every chunk from disk, no request", st)
+	}
+	o2.Close()
+
+	// Damage one chunk file: it must be dropped, and fetched again.
+	var files []string
+	walkFiles(t, dir, func(path string, size int64) { files = append(files, path) })
+	if len(files) == 0 {
+		t.Fatal("no chunk files in the cache dir")
+	}
+	damage(t, files[len(files)/2])
+	c3 := newClient(t, opts2)
+	o3 := open(t, c3, ng.URL+"/disk.img")
+	if !bytes.Equal(readAll(t, o3, 64<<10), data) {
+		t.Fatal("read with a damaged cache file differs")
+	}
+	if st := o3.Stats(); st.Requests == 0 || !strings.Contains(log.String(), "damaged") {
+		t.Errorf("a damaged chunk file was not noticed: %+v", st)
+	}
+
+	// A small bound: the folder never holds more.
+	small := t.TempDir()
+	opts4 := testOptions(nil)
+	opts4.CacheDir, opts4.CacheDirSize = small, 5*(opts4.ChunkSize+64)
+	c4 := newClient(t, opts4)
+	o4 := open(t, c4, ng.URL+"/disk.img")
+	readAll(t, o4, 64<<10)
+	o4.Close() // waits for the fetches, and so for their chunk files
+	var total int64
+	walkFiles(t, small, func(_ string, size int64) { total += size })
+	if total > opts4.CacheDirSize || total == 0 {
+		t.Errorf("cache dir holds %d bytes, bound %d", total, opts4.CacheDirSize)
+	}
+	_ = context.Background
+}
