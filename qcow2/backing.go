@@ -41,9 +41,16 @@ func (c *chain) visit(f HostFile) error {
 }
 
 // open opens the file image names in field, through the opener, and adds
-// it to the chain.
-func (c *chain) open(image HostFile, field, name string) (HostFile, error) {
-	f, err := c.opts.Opener.Open(image, field, name)
+// it to the chain. writable asks for a file the writer can change, where
+// the opener can give one.
+func (c *chain) open(image HostFile, field, name string, writable bool) (HostFile, error) {
+	var f HostFile
+	var err error
+	if wo, ok := c.opts.Opener.(WritableOpener); ok && writable {
+		f, err = wo.OpenWritable(image, field, name)
+	} else {
+		f, err = c.opts.Opener.Open(image, field, name)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -80,12 +87,14 @@ func (c *chain) openQcow2(f HostFile, depth int) (l *layer, err error) {
 		c.opts.Warnf("%s: dirty bit set (not cleanly closed); refcounts may be stale, which does not matter for reading", name)
 	}
 	if h.IncompatibleFeatures&IncompatExternalData != 0 {
-		if l.dataFile, err = c.open(f, "data file", h.DataFile); err != nil {
+		if l.dataFile, err = c.open(f, "data file", h.DataFile, depth == 0 && c.opts.Writable); err != nil {
 			return nil, fmt.Errorf("%s: data file: %w", name, err)
 		}
-		if l.dataFileSize, err = l.dataFile.Size(); err != nil {
+		size, err := l.dataFile.Size()
+		if err != nil {
 			return nil, err
 		}
+		l.dataLen.Store(size)
 	}
 	if h.BackingFile == "" || c.opts.NoBacking {
 		return l, nil
@@ -94,7 +103,7 @@ func (c *chain) openQcow2(f HostFile, depth int) (l *layer, err error) {
 		return nil, &RefusedError{File: name, Field: "backing file", Name: h.BackingFile,
 			Reason: fmt.Sprintf("backing chain deeper than %d", c.opts.MaxChainDepth)}
 	}
-	b, err := c.open(f, "backing file", h.BackingFile)
+	b, err := c.open(f, "backing file", h.BackingFile, false)
 	if err != nil {
 		return nil, fmt.Errorf("%s: backing file: %w", name, err)
 	}
@@ -129,7 +138,10 @@ func (c *chain) openBacking(parent string, f HostFile, format string, depth int)
 			f.Close()
 			return nil, err
 		}
-		return &layer{name: f.Name(), file: f, fileSize: size, size: size, depth: depth, raw: true}, nil
+		l := &layer{name: f.Name(), file: f, depth: depth, raw: true}
+		l.fileLen.Store(size)
+		l.virtSize.Store(size)
+		return l, nil
 	default:
 		f.Close()
 		return nil, &UnsupportedError{File: parent, Feature: fmt.Sprintf("backing file format %q", format)}

@@ -35,7 +35,7 @@ func (l *layer) addBitmaps(b *metaBuilder) error {
 	}
 	cs := l.clusterSize()
 	dirOff, dirSize := h.Bitmaps.DirectoryOffset, h.Bitmaps.DirectorySize
-	if dirSize > maxBitmapDirectory || dirOff%uint64(cs) != 0 || dirOff >= uint64(l.fileSize) || dirSize > uint64(l.fileSize)-dirOff {
+	if dirSize > maxBitmapDirectory || dirOff%uint64(cs) != 0 || dirOff >= uint64(l.fsize()) || dirSize > uint64(l.fsize())-dirOff {
 		return bad("bitmap_directory_offset", dirOff, "directory of %d bytes is unaligned, too large or past the end of the file", dirSize)
 	}
 	dir := make([]byte, dirSize)
@@ -53,7 +53,7 @@ func (l *layer) addBitmaps(b *metaBuilder) error {
 		nameSize := int(binary.BigEndian.Uint16(e[18:]))
 		extraSize := int(binary.BigEndian.Uint32(e[20:]))
 		p += (24 + extraSize + nameSize + 7) &^ 7
-		if tSize > maxBitmapTable || tOff%uint64(cs) != 0 || tOff >= uint64(l.fileSize) || tSize*8 > uint64(l.fileSize)-tOff {
+		if tSize > maxBitmapTable || tOff%uint64(cs) != 0 || tOff >= uint64(l.fsize()) || tSize*8 > uint64(l.fsize())-tOff {
 			return bad("bitmap_table_offset", tOff, "bitmap %d: table of %d entries is unaligned, too large or past the end of the file", i, tSize)
 		}
 		table, err := l.meta.words(int64(tOff), int64(tSize), fmt.Sprintf("bitmap table %d", i))
@@ -84,7 +84,7 @@ func (img *Image) Bitmaps() []Bitmap {
 	h := l.hdr
 	if !h.HasBitmaps || h.AutoclearFeatures&AutoclearBitmaps == 0 || h.Bitmaps.NbBitmaps == 0 ||
 		h.Bitmaps.DirectorySize > maxBitmapDirectory ||
-		h.Bitmaps.DirectoryOffset >= uint64(l.fileSize) || h.Bitmaps.DirectorySize > uint64(l.fileSize)-h.Bitmaps.DirectoryOffset {
+		h.Bitmaps.DirectoryOffset >= uint64(l.fsize()) || h.Bitmaps.DirectorySize > uint64(l.fsize())-h.Bitmaps.DirectoryOffset {
 		return nil
 	}
 	dir := make([]byte, h.Bitmaps.DirectorySize)

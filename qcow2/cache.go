@@ -46,6 +46,11 @@ type cacheKey struct {
 type table struct {
 	words []uint64
 	seq   atomic.Uint64
+
+	// dirtyLo and dirtyHi bound the words changed since the table was
+	// last written back ([lo, hi), empty when lo >= hi). Guarded by the
+	// writer's mutex, as are all changes to words.
+	dirtyLo, dirtyHi int
 }
 
 // word returns word i.
@@ -69,6 +74,34 @@ func (t *table) entry(i int64, extended bool) l2Entry {
 	}
 }
 
+// set changes word i, to be written back.
+func (t *table) set(i int64, w uint64) {
+	atomic.StoreUint64(&t.words[i], w)
+	t.touch(int(i), int(i)+1)
+}
+
+// setEntry changes L2 entry i, with its bitmap for extended entries (under
+// the sequence lock, so that readers see both words change together).
+func (t *table) setEntry(i int64, e l2Entry, extended bool) {
+	if !extended {
+		t.set(i, e.word)
+		return
+	}
+	t.seq.Add(1)
+	atomic.StoreUint64(&t.words[2*i], e.word)
+	atomic.StoreUint64(&t.words[2*i+1], e.bitmap)
+	t.seq.Add(1)
+	t.touch(int(2*i), int(2*i)+2)
+}
+
+func (t *table) touch(lo, hi int) {
+	if t.dirtyLo >= t.dirtyHi {
+		t.dirtyLo, t.dirtyHi = lo, hi
+		return
+	}
+	t.dirtyLo, t.dirtyHi = min(t.dirtyLo, lo), max(t.dirtyHi, hi)
+}
+
 type cacheEntry struct {
 	key    cacheKey
 	table  *table
@@ -76,10 +109,12 @@ type cacheEntry struct {
 	ready  chan struct{} // closed once table or err is set
 	loaded atomic.Bool   // set with ready, read without touching the channel
 	ref    atomic.Bool   // CLOCK reference bit
+	pins   atomic.Int32  // > 0: not to be evicted (unwritten changes)
 }
 
 func (e *cacheEntry) refBit() *atomic.Bool { return &e.ref }
 func (e *cacheEntry) bytes() int64         { return int64(len(e.table.words)) * 8 }
+func (e *cacheEntry) pinned() bool         { return e.pins.Load() > 0 }
 
 // NewCache returns a cache holding at most tables bytes of metadata tables
 // and clusters bytes of decompressed clusters. (At least one entry per
@@ -102,6 +137,14 @@ func (c *Cache) Stats() (hits, misses uint64) { return c.tables.stats() }
 // get returns the table for k, calling load to read it on a miss. A failed
 // load is not cached: the next get tries again.
 func (c *Cache) get(k cacheKey, load func() ([]uint64, error)) (*table, error) {
+	e, err := c.entry(k, load)
+	if err != nil {
+		return nil, err
+	}
+	return e.table, nil
+}
+
+func (c *Cache) entry(k cacheKey, load func() ([]uint64, error)) (*cacheEntry, error) {
 	for {
 		e, ok := c.tables.load(k)
 		if !ok {
@@ -112,7 +155,7 @@ func (c *Cache) get(k cacheKey, load func() ([]uint64, error)) (*table, error) {
 		}
 		if e.err == nil {
 			c.tables.shard(k).hits.Add(1)
-			return e.table, nil
+			return e, nil
 		}
 		// The load that published this error removes the entry;
 		// wait for that, then try ourselves.
@@ -122,7 +165,7 @@ func (c *Cache) get(k cacheKey, load func() ([]uint64, error)) (*table, error) {
 	e := &cacheEntry{key: k, ready: make(chan struct{})}
 	if _, loaded := c.tables.publish(k, e); loaded {
 		// Lost the race to another miss: share its load.
-		return c.get(k, load)
+		return c.entry(k, load)
 	}
 	c.tables.shard(k).misses.Add(1)
 	words, err := load()
@@ -137,7 +180,52 @@ func (c *Cache) get(k cacheKey, load func() ([]uint64, error)) (*table, error) {
 		return nil, err
 	}
 	c.tables.admit(e, nil)
-	return e.table, nil
+	return e, nil
+}
+
+// pin returns the table for k, loading it if needed, pinned: it stays in
+// the cache, with whatever is changed in it, until unpin. The writer pins
+// every table it changes until the change is written back, so the table a
+// reader finds is always the one with the latest changes.
+func (c *Cache) pin(k cacheKey, load func() ([]uint64, error)) (*cacheEntry, error) {
+	for {
+		e, err := c.entry(k, load)
+		if err != nil {
+			return nil, err
+		}
+		// Under the shard's lock eviction cannot run: the entry is
+		// either still in the cache, and pinned now, or gone (evicted,
+		// so unchanged: load it again).
+		s := c.tables.shard(k)
+		s.mu.Lock()
+		if cur, ok := c.tables.m.Load(k); ok && cur == e {
+			e.pins.Add(1)
+			s.mu.Unlock()
+			return e, nil
+		}
+		s.mu.Unlock()
+	}
+}
+
+// unpin releases a pin.
+func (c *Cache) unpin(e *cacheEntry) { e.pins.Add(-1) }
+
+// put installs a table the writer made (a new L2 table or refcount block)
+// for k, pinned, replacing any cached table there.
+func (c *Cache) put(k cacheKey, words []uint64) *cacheEntry {
+	e := &cacheEntry{key: k, table: &table{words: words}, ready: make(chan struct{})}
+	e.pins.Store(1)
+	e.loaded.Store(true)
+	close(e.ready)
+	for {
+		if old, loaded := c.tables.publish(k, e); loaded {
+			c.tables.unpublish(old)
+			continue
+		}
+		break
+	}
+	c.tables.admit(e, nil)
+	return e
 }
 
 // drop removes every table of owner; it is called when a layer is closed.

@@ -74,7 +74,7 @@ func (img *Image) Check(progress func(done, total int64)) (*CheckResult, error) 
 	c := &checker{
 		l:        l,
 		res:      &CheckResult{Filename: l.name, Format: "qcow2"},
-		refs:     make([]uint32, (l.fileSize+cs-1)/cs),
+		refs:     make([]uint32, (l.fsize()+cs-1)/cs),
 		maxRef:   min(uint64(1)<<(1<<l.hdr.RefcountOrder)-1, 1<<checkTableBits-1),
 		progress: progress,
 	}
@@ -151,7 +151,7 @@ func (c *checker) inc(off, size int64) {
 		return
 	}
 	cs := c.l.clusterSize()
-	if off+size-c.l.fileSize >= cs {
+	if off+size-c.l.fsize() >= cs {
 		c.errorf("counting reference for region exceeding the end of the file by one cluster or more: offset %#x size %#x", off, size)
 		return
 	}
@@ -175,7 +175,7 @@ func (c *checker) readCluster(off int64) ([]uint64, error) {
 		c.buf = make([]byte, c.l.clusterSize())
 		c.words = make([]uint64, len(c.buf)/8)
 	}
-	n := max(0, min(int64(len(c.buf)), c.l.fileSize-off))
+	n := max(0, min(int64(len(c.buf)), c.l.fsize()-off))
 	if err := c.l.meta.read(c.buf[:n], off, "table"); err != nil {
 		return nil, err
 	}
@@ -320,7 +320,7 @@ func (c *checker) checkRefblocks() error {
 		return err
 	}
 	cs := c.l.clusterSize()
-	nb := (c.l.fileSize + cs - 1) / cs
+	nb := (c.l.fsize() + cs - 1) / cs
 	for i, e := range table {
 		off := int64(e & reftOffsetMask)
 		if e&reftReserved != 0 {

@@ -47,6 +47,7 @@ type clusterEntry struct {
 }
 
 func (e *clusterEntry) refBit() *atomic.Bool { return &e.ref }
+func (e *clusterEntry) pinned() bool         { return false }
 func (e *clusterEntry) bytes() int64         { return int64(cap(*e.buf)) }
 
 // data is the decompressed cluster; valid while the entry is held.

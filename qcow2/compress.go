@@ -119,13 +119,13 @@ func (l *layer) inflate(dst []byte, e l2Entry, entryOff int64) error {
 			Msg: "compressed cluster in an image with an external data file"}
 	}
 	coff, csize := l.compressedRange(e)
-	if coff >= l.fileSize {
+	if coff >= l.fsize() {
 		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
-			Msg: fmt.Sprintf("compressed cluster at byte offset %d is past the end of the file (%d bytes)", coff, l.fileSize)}
+			Msg: fmt.Sprintf("compressed cluster at byte offset %d is past the end of the file (%d bytes)", coff, l.fsize())}
 	}
 	// The last sector may be cut short by the end of the file, as qemu
 	// writes it; the compressed stream itself must still be complete.
-	csize = min(csize, l.fileSize-coff)
+	csize = min(csize, l.fsize()-coff)
 
 	d := l.decomp
 	bp := d.inputs.Get().(*[]byte)
@@ -184,7 +184,7 @@ func (l *layer) readAhead(g int64) {
 	go func() {
 		defer l.prefetching.Store(false)
 		cs := l.clusterSize()
-		for next := g + 1; next <= g+prefetchDepth && next*cs < l.size; next++ {
+		for next := g + 1; next <= g+prefetchDepth && next*cs < l.vsize(); next++ {
 			r, err := l.lookup(next*cs, cs)
 			if err != nil || r.kind != kindCompressed {
 				continue

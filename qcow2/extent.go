@@ -97,10 +97,10 @@ func (e *Extent) Host() (fd uintptr, off int64, ok bool) {
 // It reads at most one L2 table per layer of the chain, so walking a disk
 // extent by extent costs O(1) per extent after the tables are cached.
 func (img *Image) Extent(off, length int64) (Extent, error) {
-	if off < 0 || off >= img.top.size || length <= 0 {
-		return Extent{}, fmt.Errorf("%s: extent [%d, +%d) outside the disk (%d bytes)", img.top.name, off, length, img.top.size)
+	if off < 0 || off >= img.top.vsize() || length <= 0 {
+		return Extent{}, fmt.Errorf("%s: extent [%d, +%d) outside the disk (%d bytes)", img.top.name, off, length, img.top.vsize())
 	}
-	return img.top.extent(off, min(length, img.top.size-off), probeQemu)
+	return img.top.extent(off, min(length, img.top.vsize()-off), probeQemu)
 }
 
 // probe says when extent asks a host file where its holes are.
@@ -117,9 +117,9 @@ const (
 	probeAll
 )
 
-// extent resolves [off, off+n) from this layer downwards; off < l.size.
+// extent resolves [off, off+n) from this layer downwards; off < l.vsize().
 func (l *layer) extent(off, n int64, p probe) (Extent, error) {
-	n = min(n, l.size-off)
+	n = min(n, l.vsize()-off)
 	if l.raw {
 		e := Extent{Start: off, Length: n, Status: StatusData | StatusAllocated,
 			Depth: l.depth, Offset: off, layer: l}
@@ -136,7 +136,9 @@ func (l *layer) extent(off, n int64, p probe) (Extent, error) {
 	switch r.kind {
 	case kindNormal:
 		e.Status = StatusData | StatusAllocated
-		if p == probeAll || p == probeQemu && l.metadataPreallocated() {
+		// (Host holes are cached, so not asked of a file the writer
+		// changes: its allocated clusters count as data.)
+		if !l.writable && (p == probeAll || p == probeQemu && l.metadataPreallocated()) {
 			l.probeHost(&e)
 		}
 	case kindZero:
@@ -147,7 +149,7 @@ func (l *layer) extent(off, n int64, p probe) (Extent, error) {
 		e.entry, e.entryOff = r.entry, r.entryOff
 	case kindUnallocated:
 		b := l.backing
-		if b == nil || off >= b.size {
+		if b == nil || off >= b.vsize() {
 			// No backing file, or past the end of a shorter one:
 			// zeros, decided by this layer (with the host offset of
 			// an allocated cluster's unallocated subcluster, as

@@ -189,6 +189,18 @@ func (f headerField) get(b []byte) uint64 {
 	}
 }
 
+// put writes v into the field of a header buffer.
+func (f headerField) put(b []byte, v uint64) {
+	switch f.width {
+	case 1:
+		b[f.off] = byte(v)
+	case 4:
+		binary.BigEndian.PutUint32(b[f.off:], uint32(v))
+	default:
+		binary.BigEndian.PutUint64(b[f.off:], v)
+	}
+}
+
 // headerReader parses and validates the header of one file. Each field is
 // checked where it is read; errors name the file, field, value and offset.
 type headerReader struct {

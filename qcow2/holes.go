@@ -42,6 +42,7 @@ type chunkRuns struct {
 }
 
 func (e *chunkRuns) refBit() *atomic.Bool { return &e.ref }
+func (e *chunkRuns) pinned() bool         { return false }
 func (e *chunkRuns) bytes() int64         { return int64(len(e.runs)+1) * 16 }
 
 // holeIndex caches the data runs of chunks. mu guards chunks and ring;
@@ -100,7 +101,7 @@ func (img *Image) chunk(c int64) ([]dataRun, error) {
 // buildChunk walks the extents of [start, end) (clipped to the disk) and
 // returns its data runs, adjacent runs merged.
 func (img *Image) buildChunk(start, end int64) ([]dataRun, error) {
-	end = min(end, img.top.size)
+	end = min(end, img.top.vsize())
 	var runs []dataRun
 	for off := start; off < end; {
 		e, err := img.top.extent(off, end-off, probeAll)
@@ -123,7 +124,7 @@ func (img *Image) buildChunk(start, end int64) ([]dataRun, error) {
 // lseek(SEEK_DATA); ErrNoData if there is none (or off is at or past the
 // end of the disk).
 func (img *Image) NextData(off int64) (int64, error) {
-	size := img.top.size
+	size := img.top.vsize()
 	if off < 0 {
 		off = 0
 	}
@@ -147,7 +148,7 @@ func (img *Image) NextData(off int64) (int64, error) {
 // like lseek(SEEK_HOLE): the end of the disk counts as a hole. off must be
 // inside the disk.
 func (img *Image) NextHole(off int64) (int64, error) {
-	size := img.top.size
+	size := img.top.vsize()
 	if off < 0 {
 		off = 0
 	}
@@ -175,13 +176,13 @@ func (img *Image) NextHole(off int64) (int64, error) {
 // DataBytes returns how many bytes of the disk hold data (the complement
 // of the holes NextHole reports). It walks the whole index, so it reads
 // every allocated L2 table of the chain once.
-func (img *Image) DataBytes() (int64, error) { return img.DataBytesIn(0, img.top.size) }
+func (img *Image) DataBytes() (int64, error) { return img.DataBytesIn(0, img.top.vsize()) }
 
 // DataBytesIn is DataBytes for the guest range [start, end).
 func (img *Image) DataBytesIn(start, end int64) (int64, error) {
 	var total int64
 	bits := img.index().chunkBits
-	end = min(end, img.top.size)
+	end = min(end, img.top.vsize())
 	for c := max(start, 0) >> bits; c<<bits < end; c++ {
 		runs, err := img.chunk(c)
 		if err != nil {

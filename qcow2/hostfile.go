@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Host files: the files an image is made of (the image file, its external
@@ -36,6 +38,26 @@ type HostFile interface {
 	// the default opener resolves relative backing file names.
 	Name() string
 	Close() error
+}
+
+// A WritableFile is a HostFile the writer can change: the image file, and
+// its external data file, of an image opened for writing. Everything the
+// writer does to the host goes through these methods, so that a test can
+// record it, replay it, or make it fail.
+type WritableFile interface {
+	HostFile
+	io.WriterAt
+	// Sync makes everything written before it durable (fdatasync).
+	Sync() error
+	// Truncate sets the file's size.
+	Truncate(size int64) error
+	// Allocate reserves [off, off+n), growing the file if needed
+	// (fallocate mode 0): the range reads as zeros where it was not
+	// written.
+	Allocate(off, n int64) error
+	// Punch deallocates [off, off+n) without changing the size
+	// (fallocate PUNCH_HOLE|KEEP_SIZE): the range then reads as zeros.
+	Punch(off, n int64) error
 }
 
 // fdFile is a HostFile backed by a file descriptor.
@@ -78,6 +100,35 @@ func (f *localFile) Size() (int64, error) {
 	return size, nil
 }
 
+// Sync is fdatasync(2): data and the metadata needed to read it back.
+func (f *localFile) Sync() error {
+	for {
+		err := unix.Fdatasync(int(f.Fd()))
+		if err != unix.EINTR {
+			if err != nil {
+				return &os.PathError{Op: "fdatasync", Path: f.Name(), Err: err}
+			}
+			return nil
+		}
+	}
+}
+
+// Allocate is fallocate(2) mode 0.
+func (f *localFile) Allocate(off, n int64) error {
+	if err := unix.Fallocate(int(f.Fd()), 0, off, n); err != nil {
+		return &os.PathError{Op: "fallocate", Path: f.Name(), Err: err}
+	}
+	return nil
+}
+
+// Punch is fallocate(2) PUNCH_HOLE|KEEP_SIZE.
+func (f *localFile) Punch(off, n int64) error {
+	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n); err != nil {
+		return &os.PathError{Op: "fallocate punch", Path: f.Name(), Err: err}
+	}
+	return nil
+}
+
 // OpenFile opens the local file at path, read-only, as a HostFile. The open
 // never blocks (O_NONBLOCK: a fifo does not hang it).
 func OpenFile(path string) (HostFile, error) {
@@ -88,7 +139,17 @@ func OpenFile(path string) (HostFile, error) {
 	return newLocalFile(f)
 }
 
-// NewFile wraps an opened local file as a HostFile; the HostFile owns f.
+// OpenWritableFile opens the local file at path for reading and writing.
+func OpenWritableFile(path string) (WritableFile, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if err != nil {
+		return nil, err
+	}
+	return newLocalFile(f)
+}
+
+// NewFile wraps an opened local file as a HostFile (a WritableFile if f was
+// opened for writing); the HostFile owns f.
 func NewFile(f *os.File) (HostFile, error) { return newLocalFile(f) }
 
 func newLocalFile(f *os.File) (*localFile, error) {
@@ -166,6 +227,14 @@ func (m *metaFile) words(off int64, n int64, what string) ([]uint64, error) {
 // refcount block.
 func (m *metaFile) table(off int64, what string) ([]uint64, error) {
 	return m.words(off, m.clusterSize/8, what)
+}
+
+// encodeWords encodes src as big-endian 64-bit words into dst
+// (len(dst) >= 8*len(src)).
+func encodeWords(dst []byte, src []uint64) {
+	for i, w := range src {
+		binary.BigEndian.PutUint64(dst[i*8:], w)
+	}
 }
 
 // decodeWords decodes big-endian 64-bit words from src into dst

@@ -54,6 +54,13 @@ type Options struct {
 	// ever read, so this cannot make them worse.
 	AllowCorrupt bool
 
+	// Writable opens the image for writing: its file must be a
+	// WritableFile (as is an *os.File opened read-write), its data file is
+	// opened for writing through the Opener (a WritableOpener). An image
+	// that cannot be written safely opens read-only all the same, and
+	// ReadOnlyReason says why. Backing files are never written.
+	Writable bool
+
 	// Warnf, if set, receives warnings that do not stop the image from
 	// opening (a backing file whose format had to be probed, a dirty
 	// image, ...).
@@ -69,6 +76,10 @@ const DefaultMaxChainDepth = 64
 type Image struct {
 	top   *layer
 	cache *Cache
+	pins  pins // reads and writes in flight, against reuse of freed clusters
+
+	w        *writer // nil unless open for writing (writable.go)
+	roReason string  // why Options.Writable could not be honoured
 
 	indexOnce sync.Once
 	idx       *holeIndex // see holes.go
@@ -79,21 +90,24 @@ type Image struct {
 // Everything in a layer is set at open and read-only afterwards, except
 // the cache, which has its own locking, and what is built lazily.
 type layer struct {
-	name     string   // the file's name, as its HostFile gives it
-	file     HostFile // the image file itself
-	meta     metaFile // metadata reads of file
-	fileSize int64
-	size     int64 // virtual size in bytes
-	depth    int   // 0 for the top image
+	name     string       // the file's name, as its HostFile gives it
+	file     HostFile     // the image file itself
+	meta     metaFile     // metadata reads of file
+	fileLen  atomic.Int64 // the file's size: at open, or as the writer grew it
+	virtSize atomic.Int64 // virtual size in bytes (a resize changes it)
+	depth    int          // 0 for the top image
 	backing  *layer
 
 	// Set for raw layers only.
 	raw bool
+	// writable: the writer changes this layer (the top one), so host
+	// holes of its files are not cached.
+	writable bool
 
 	// Set for qcow2 layers only.
 	hdr           *Header
-	dataFile      HostFile // external data file; nil when clusters live in file
-	dataFileSize  int64
+	dataFile      HostFile     // external data file; nil when clusters live in file
+	dataLen       atomic.Int64 // the data file's size (the writer grows it)
 	clusterBits   uint
 	l2Bits        uint // log2 of entries per L2 table
 	scBits        uint // log2 of the subcluster size (= clusterBits without extended L2)
@@ -121,7 +135,7 @@ type layer struct {
 
 	// The metadata map (metadata.go), built on first use.
 	metaOnce sync.Once
-	metaMap  *MetadataMap
+	metaMap  atomic.Pointer[MetadataMap] // replaced as a whole by the writer
 	metaErr  error
 }
 
@@ -157,11 +171,54 @@ func NewImage(f HostFile, opts Options) (*Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Image{top: top, cache: opts.Cache, snapshots: top.snapshots}, nil
+	img := &Image{top: top, cache: opts.Cache, snapshots: top.snapshots}
+	if opts.Writable {
+		if err := img.openForWriting(c); err != nil {
+			img.Close()
+			return nil, err
+		}
+	}
+	return img, nil
 }
 
+// openForWriting makes img writable, or records why it stays read-only.
+func (img *Image) openForWriting(c *chain) error {
+	l := img.top
+	f, ok := l.file.(WritableFile)
+	switch {
+	case c.opts.Snapshot != "" || c.opts.SnapshotIndex != 0:
+		img.roReason = "a snapshot is read-only"
+	case !ok:
+		img.roReason = "its file is not open for writing"
+	default:
+		img.roReason = readOnlyReason(l)
+	}
+	if img.roReason != "" {
+		return nil
+	}
+	var df WritableFile
+	if l.dataFile != nil {
+		if df, ok = l.dataFile.(WritableFile); !ok {
+			img.roReason = "its data file is not open for writing"
+			return nil
+		}
+	}
+	w, err := openWriter(img, f, df)
+	if err != nil {
+		return err
+	}
+	img.w = w
+	l.writable = true
+	return nil
+}
+
+// Pin keeps the host clusters a caller is about to find with Extent (and
+// read or splice from their host files) from being reused for other data
+// by a concurrent write, until Release. ReadAt pins by itself.
+func (img *Image) Pin() Pin { return img.pins.take() }
+
 // Size returns the virtual disk size in bytes.
-func (img *Image) Size() int64 { return img.top.size }
+func (img *Image) Size() int64 { return img.top.vsize() }
 
 // Header returns the image's parsed header. It must not be modified.
 func (img *Image) Header() *Header { return img.top.hdr }
@@ -172,9 +229,13 @@ func (img *Image) Name() string { return img.top.name }
 // File returns the image file. It must not be closed.
 func (img *Image) File() HostFile { return img.top.file }
 
-// Close closes every file of the chain and drops its cached tables.
+// Close writes back what a writable image has pending (leaving it clean),
+// then closes every file of the chain and drops its cached tables.
 func (img *Image) Close() error {
 	var first error
+	if img.w != nil {
+		first = img.w.close()
+	}
 	for l := img.top; l != nil; l = l.backing {
 		if err := l.close(); err != nil && first == nil {
 			first = err
@@ -223,8 +284,6 @@ func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
 		name:        name,
 		file:        f,
 		meta:        metaFile{f: f, size: size, clusterSize: h.ClusterSize()},
-		fileSize:    size,
-		size:        int64(h.Size),
 		depth:       depth,
 		hdr:         h,
 		clusterBits: uint(h.ClusterBits),
@@ -232,6 +291,8 @@ func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
 		cache:       opts.Cache,
 		owner:       opts.Cache.newOwner(),
 	}
+	l.fileLen.Store(size)
+	l.virtSize.Store(int64(h.Size))
 	l.scBits = l.clusterBits
 	if l.extendedL2 {
 		l.scBits = l.clusterBits - 5
@@ -258,7 +319,8 @@ func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
 				return nil, fmt.Errorf("%s: no snapshot with ID or name %q", name, opts.Snapshot)
 			}
 		}
-		l1Off, l1Size, l.size = int64(s.L1TableOffset), s.L1Size, s.Size
+		l1Off, l1Size = int64(s.L1TableOffset), s.L1Size
+		l.virtSize.Store(s.Size)
 	}
 	if err := l.loadL1(l1Off, l1Size, !opts.LenientTables); err != nil {
 		return nil, err
@@ -301,14 +363,23 @@ func (l *layer) checkL1Entry(t *l1Table, i int64) error {
 		return &FormatError{File: l.name, Field: "L1 entry", Value: uint64(e), Offset: t.off + 8*i,
 			Msg: fmt.Sprintf("L2 table offset %#x is not cluster aligned", off)}
 	}
-	if off > l.fileSize-cs {
+	if off > l.fsize()-cs {
 		return &FormatError{File: l.name, Field: "L1 entry", Value: uint64(e), Offset: t.off + 8*i,
-			Msg: fmt.Sprintf("L2 table at %#x runs past the end of the file (%d bytes)", off, l.fileSize)}
+			Msg: fmt.Sprintf("L2 table at %#x runs past the end of the file (%d bytes)", off, l.fsize())}
 	}
 	return nil
 }
 
 func (l *layer) clusterSize() int64 { return 1 << l.clusterBits }
+
+// vsize is the layer's virtual size.
+func (l *layer) vsize() int64 { return l.virtSize.Load() }
+
+// fsize is the size of the layer's file.
+func (l *layer) fsize() int64 { return l.fileLen.Load() }
+
+// setFileSize records that the writer grew the file.
+func (l *layer) setFileSize(n int64) { l.fileLen.Store(n) }
 
 // l2EntryBits is log2 of the size of one L2 entry in bytes: 4 (16 bytes)
 // with extended L2 entries, else 3.
@@ -330,9 +401,9 @@ func (l *layer) external() bool { return l.dataFile != nil }
 // dataSize is the size of the file holding the layer's clusters.
 func (l *layer) dataSize() int64 {
 	if l.dataFile != nil {
-		return l.dataFileSize
+		return l.dataLen.Load()
 	}
-	return l.fileSize
+	return l.fsize()
 }
 
 // data returns the file holding the layer's clusters.
@@ -351,7 +422,7 @@ func (img *Image) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("%s: negative offset %d", img.top.name, off)
 	}
-	size := img.top.size
+	size := img.top.vsize()
 	if off >= size {
 		return 0, io.EOF
 	}
@@ -359,6 +430,8 @@ func (img *Image) ReadAt(p []byte, off int64) (int, error) {
 	if int64(len(p)) > size-off {
 		p = p[:size-off]
 	}
+	pin := img.pins.take()
+	defer pin.Release()
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex

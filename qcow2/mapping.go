@@ -139,3 +139,6 @@ func (l *layer) lookup(off, n int64) (run, error) {
 	}
 	return r, nil
 }
+
+// atomicStoreL1 sets entry i of t; readers load it atomically.
+func atomicStoreL1(t *l1Table, i int64, e l1Entry) { atomic.StoreUint64(&t.entries[i], uint64(e)) }

@@ -54,6 +54,9 @@ type MetaRange struct {
 }
 
 // MetadataMap is the sorted, disjoint list of an image file's metadata.
+// A map is never changed once published: the writer publishes a new one
+// (with) when it allocates or frees metadata, and readers keep whatever map
+// they loaded.
 type MetadataMap struct {
 	ranges []MetaRange
 }
@@ -71,6 +74,57 @@ func (m *MetadataMap) Overlap(start, end int64) (MetaRange, bool) {
 
 // Ranges returns the map's ranges, sorted. They must not be modified.
 func (m *MetadataMap) Ranges() []MetaRange { return m.ranges }
+
+// conflict returns the first metadata range overlapping [start, end) whose
+// kind is not one of allowed: a write of guest data (allowed: none), or of
+// an L2 table (allowed: MetaL2), must not land there.
+func (m *MetadataMap) conflict(start, end int64, allowed ...MetaKind) (MetaRange, bool) {
+	r := m.ranges
+	for i := sort.Search(len(r), func(i int) bool { return r[i].End > start }); i < len(r) && r[i].Start < end; i++ {
+		ok := false
+		for _, k := range allowed {
+			ok = ok || r[i].Kind == k
+		}
+		if !ok {
+			return r[i], true
+		}
+	}
+	return MetaRange{}, false
+}
+
+// with returns a copy of the map with [start, end) set to kind (merged with
+// touching ranges of the same kind); kind 0 removes the range instead. The
+// copy costs O(n): metadata is allocated a cluster at a time, seldom
+// compared with data (one L2 table per 512 MiB of guest disk at the
+// default cluster size).
+func (m *MetadataMap) with(start, end int64, kind MetaKind) *MetadataMap {
+	r := m.ranges
+	i := sort.Search(len(r), func(i int) bool { return r[i].End >= start })
+	out := make([]MetaRange, 0, len(r)+2)
+	out = append(out, r[:i]...)
+	var tail []MetaRange
+	j := i
+	for ; j < len(r) && r[j].Start <= end; j++ {
+		x := r[j]
+		if kind != 0 && x.Kind == kind {
+			start, end = min(start, x.Start), max(end, x.End)
+			continue
+		}
+		// Another kind: keep what lies outside [start, end).
+		if x.Start < start {
+			out = append(out, MetaRange{x.Start, min(x.End, start), x.Kind})
+		}
+		if x.End > end {
+			tail = append(tail, MetaRange{max(x.Start, end), x.End, x.Kind})
+		}
+	}
+	if kind != 0 {
+		out = append(out, MetaRange{start, end, kind})
+	}
+	out = append(out, tail...)
+	out = append(out, r[j:]...)
+	return &MetadataMap{ranges: out}
+}
 
 // metaBuilder collects ranges, then sorts and merges them.
 type metaBuilder struct{ ranges []MetaRange }
@@ -118,8 +172,12 @@ func (img *Image) Metadata() (*MetadataMap, error) {
 }
 
 func (l *layer) metadata() (*MetadataMap, error) {
-	l.metaOnce.Do(func() { l.metaMap, l.metaErr = l.buildMetadata() })
-	return l.metaMap, l.metaErr
+	l.metaOnce.Do(func() {
+		m, err := l.buildMetadata()
+		l.metaMap.Store(m)
+		l.metaErr = err
+	})
+	return l.metaMap.Load(), l.metaErr
 }
 
 func (l *layer) buildMetadata() (*MetadataMap, error) {

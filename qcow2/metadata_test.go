@@ -98,3 +98,45 @@ func BenchmarkMetadataOverlap(b *testing.B) {
 		m.Overlap(o, o+65536)
 	}
 }
+
+// TestMetadataWith checks the map's updates against a model: a byte-level
+// array of kinds, after random insertions and removals.
+func TestMetadataWith(t *testing.T) {
+	const size = 4096
+	r := rand.New(rand.NewPCG(1, 2))
+	for round := 0; round < 200; round++ {
+		model := make([]MetaKind, size)
+		m := &MetadataMap{}
+		for op := 0; op < 40; op++ {
+			start := int64(r.IntN(size - 1))
+			end := start + 1 + int64(r.IntN(min(size-int(start), 300)))
+			kind := MetaKind(r.IntN(4)) // 0 removes
+			m = m.with(start, end, kind)
+			for i := start; i < end; i++ {
+				model[i] = kind
+			}
+			// The map must be sorted, disjoint, without empty or
+			// mergeable neighbours, and say what the model says.
+			var got []MetaKind = make([]MetaKind, size)
+			for k, x := range m.ranges {
+				if x.Start >= x.End || x.Kind == 0 {
+					t.Fatalf("round %d: bad range %+v", round, x)
+				}
+				if k > 0 {
+					p := m.ranges[k-1]
+					if p.End > x.Start || (p.End == x.Start && p.Kind == x.Kind) {
+						t.Fatalf("round %d: ranges %+v and %+v overlap or should merge", round, p, x)
+					}
+				}
+				for i := x.Start; i < x.End; i++ {
+					got[i] = x.Kind
+				}
+			}
+			for i := range model {
+				if got[i] != model[i] {
+					t.Fatalf("round %d op %d: byte %d is %v, model says %v", round, op, i, got[i], model[i])
+				}
+			}
+		}
+	}
+}

@@ -31,6 +31,12 @@ type Opener interface {
 	Open(image HostFile, field, name string) (HostFile, error)
 }
 
+// A WritableOpener can also open a data file for writing, for an image
+// opened with Options.Writable.
+type WritableOpener interface {
+	OpenWritable(image HostFile, field, name string) (WritableFile, error)
+}
+
 // LocalOpener opens backing and data files on the local file system.
 type LocalOpener struct {
 	// AllowedDirs, when not empty, are the folders the opened files must
@@ -43,11 +49,29 @@ type LocalOpener struct {
 // Open resolves name against image's folder, opens it read-only and checks
 // it.
 func (o *LocalOpener) Open(image HostFile, field, name string) (HostFile, error) {
+	return o.open(image, field, name, false)
+}
+
+// OpenWritable is Open, for reading and writing.
+func (o *LocalOpener) OpenWritable(image HostFile, field, name string) (WritableFile, error) {
+	f, err := o.open(image, field, name, true)
+	if err != nil {
+		return nil, err
+	}
+	return f.(*localFile), nil
+}
+
+func (o *LocalOpener) open(image HostFile, field, name string, writable bool) (HostFile, error) {
 	path, err := resolveLocal(image.Name(), field, name)
 	if err != nil {
 		return nil, err
 	}
-	f, err := OpenFile(path)
+	var f HostFile
+	if writable {
+		f, err = OpenWritableFile(path)
+	} else {
+		f, err = OpenFile(path)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -62,7 +62,7 @@ func (l *layer) refcount(c int64) (uint64, error) {
 	if off == 0 {
 		return 0, nil
 	}
-	if off&(l.clusterSize()-1) != 0 || off > l.fileSize-l.clusterSize() {
+	if off&(l.clusterSize()-1) != 0 || off > l.fsize()-l.clusterSize() {
 		return 0, &FormatError{File: l.name, Field: "refcount table entry", Value: table[ti], Offset: entryOff,
 			Msg: fmt.Sprintf("refcount block offset %#x is unaligned or past the end of the file", off)}
 	}
@@ -102,7 +102,7 @@ func (l *layer) metadataPreallocated() bool {
 		cs := l.clusterSize()
 		realClusters := st.Blocks * 512 / cs
 		threshold := max(realClusters*10/9, realClusters+2)
-		end := (l.fileSize + cs - 1) / cs
+		end := (l.fsize() + cs - 1) / cs
 		count := int64(0)
 		for c := int64(0); c < end && count < threshold; c++ {
 			n, err := l.refcount(c)

@@ -1,0 +1,446 @@
+package qcow2
+
+import (
+	"fmt"
+)
+
+// The allocator: which host clusters are free, and the refcounts that say
+// so (specification, "Host cluster management").
+//
+// Refcount blocks go through the table cache like L2 tables; a block the
+// writer changes stays pinned there, dirty, until flush.go writes it back.
+// The refcount table lives in the writer (w.reft), its changes written back
+// the same way.
+//
+// Clusters are allocated first fit from freeHint; past the last cluster in
+// use (end) the image grows. A refcount block that does not exist yet is
+// placed in the first cluster it describes, which is then necessarily free
+// (nothing in its range has a refcount), so the block describes itself. A
+// refcount table too small for a new block is replaced by a larger one
+// (growReftable). The image file is grown ahead of the allocations in large
+// steps with fallocate, under w.mu, so that the growth is serialised with
+// the writes into the grown range (they happen only after the allocation
+// that grew it returned).
+
+// growStep is how far ahead of the allocations the image file is grown.
+const growStep = 32 << 20
+
+// refcountAt returns the refcount of host cluster c.
+func (w *writer) refcountAt(c int64) (uint64, error) {
+	ti := c / w.perBlock
+	if ti >= int64(len(w.reft.words)) {
+		return 0, nil
+	}
+	off := int64(w.reft.words[ti] & reftOffsetMask)
+	if off == 0 {
+		return 0, nil
+	}
+	e, err := w.refblock(off)
+	if err != nil {
+		return 0, err
+	}
+	return w.getRef(e.table, c%w.perBlock), nil
+}
+
+// refblock returns the cache entry of the refcount block at off (not
+// pinned: callers that change it pin it through dirty).
+func (w *writer) refblock(off int64) (*cacheEntry, error) {
+	l := w.l
+	if off&(l.clusterSize()-1) != 0 || off > w.fileEnd-l.clusterSize() {
+		return nil, &FormatError{File: l.name, Field: "refcount table entry", Value: uint64(off), Offset: -1,
+			Msg: fmt.Sprintf("refcount block offset %#x is unaligned or past the end of the file", off)}
+	}
+	return l.cache.entry(cacheKey{owner: l.owner, off: off}, func() ([]uint64, error) {
+		return l.meta.table(off, "refcount block")
+	})
+}
+
+// refShift is where entry i sits in its 64-bit word: entries narrower than
+// a byte are packed from the least significant bit of each byte, wider ones
+// are big-endian.
+func (w *writer) refShift(i int64) (word int64, shift uint) {
+	width := int64(w.refWidth)
+	bit := i * width
+	word = bit / 64
+	if width >= 8 {
+		return word, uint(64 - bit%64 - width)
+	}
+	byteInWord := (bit / 8) % 8
+	return word, uint(56 - 8*byteInWord + bit%8)
+}
+
+func (w *writer) getRef(t *table, i int64) uint64 {
+	word, shift := w.refShift(i)
+	return (t.word(word) >> shift) & w.maxRef
+}
+
+func (w *writer) putRef(t *table, i int64, v uint64) {
+	word, shift := w.refShift(i)
+	old := t.word(word)
+	t.set(word, old&^(w.maxRef<<shift)|v<<shift)
+}
+
+// setRefcount sets the refcount of host cluster c to v, creating the
+// refcount block (and growing the refcount table) if needed.
+func (w *writer) setRefcount(c int64, v uint64) error {
+	if v > w.maxRef {
+		return &FormatError{File: w.l.name, Field: "refcount", Value: v, Offset: -1,
+			Msg: fmt.Sprintf("refcount of cluster %d would overflow %d-bit refcounts", c, w.refWidth)}
+	}
+	ti := c / w.perBlock
+	off, err := w.ensureRefblock(ti)
+	if err != nil {
+		return err
+	}
+	if _, err := w.refblock(off); err != nil {
+		return err // (checks the offset)
+	}
+	t, err := w.dirtyTable(off, "refcount block")
+	if err != nil {
+		return err
+	}
+	w.putRef(t, c%w.perBlock, v)
+	if v > 0 && c >= w.end {
+		w.end = c + 1
+	}
+	return nil
+}
+
+// ensureRefblock returns the offset of refcount block ti, allocating it in
+// the first cluster of the range it describes if there is none.
+func (w *writer) ensureRefblock(ti int64) (int64, error) {
+	if ti >= int64(len(w.reft.words)) {
+		if err := w.growReftable(ti + 1); err != nil {
+			return 0, err
+		}
+	}
+	if off := int64(w.reft.words[ti] & reftOffsetMask); off != 0 {
+		return off, nil
+	}
+	// Nothing in [ti*perBlock, (ti+1)*perBlock) has a refcount, so its
+	// first cluster is free: the block goes there and counts itself.
+	cs := w.l.clusterSize()
+	c := ti * w.perBlock
+	off := c * cs
+	if err := w.reserveFile(off + cs); err != nil {
+		return 0, err
+	}
+	words := make([]uint64, cs/8)
+	e := w.l.cache.put(cacheKey{owner: w.l.owner, off: off}, words)
+	w.markDirty(e)
+	w.putRef(e.table, 0, 1)
+	if err := w.addMeta(off, cs, MetaRefcountBlock); err != nil {
+		return 0, err
+	}
+	w.reft.set(ti, uint64(off))
+	if c >= w.end {
+		w.end = c + 1
+	}
+	return off, nil
+}
+
+// allocate finds n free host clusters, in as few contiguous runs as it
+// can, gives them refcount 1 and returns the runs (host offsets, in
+// allocation order). Clusters are not contiguous where a refcount block
+// sits in between (with 64-bit refcounts and small clusters, every block
+// does so every few dozen clusters).
+func (w *writer) allocate(n int64) ([]span, error) {
+	var runs []span
+	cs := w.l.clusterSize()
+	for n > 0 {
+		c, k, err := w.findFree(n)
+		if err != nil {
+			return nil, err
+		}
+		// The blocks that count the run must exist first: making one
+		// may take a cluster of the run, so look again.
+		again := false
+		for ti := c / w.perBlock; ti <= (c+k-1)/w.perBlock; ti++ {
+			if ti >= int64(len(w.reft.words)) || w.reft.words[ti]&reftOffsetMask == 0 {
+				if _, err := w.ensureRefblock(ti); err != nil {
+					return nil, err
+				}
+				again = true
+			}
+		}
+		if again {
+			continue
+		}
+		if err := w.reserveFile((c + k) * cs); err != nil {
+			return nil, err
+		}
+		for i := c; i < c+k; i++ {
+			if err := w.setRefcount(i, 1); err != nil {
+				return nil, err
+			}
+		}
+		w.freeHint = c + k
+		w.st.allocations.Add(k)
+		if m := len(runs); m > 0 && runs[m-1].end == c*cs {
+			runs[m-1].end = (c + k) * cs
+		} else {
+			runs = append(runs, span{c * cs, (c + k) * cs})
+		}
+		n -= k
+	}
+	return runs, nil
+}
+
+// allocateTable allocates n contiguous clusters for a table (an L1 table)
+// past the end of what is in use, and returns the first. The refcount
+// blocks the range needs and lacks go right before it, each counting
+// whatever of the blocks and the table lies in its range: a block placed
+// in the range it counts would split the table.
+func (w *writer) allocateTable(n int64) (int64, error) {
+	cs := w.l.clusterSize()
+	for {
+		start := w.end
+		var blocks []int64
+		for nb := int64(0); ; {
+			blocks = w.missingBlocks(start, start+nb+n, blocks[:0])
+			if int64(len(blocks)) == nb {
+				break
+			}
+			nb = int64(len(blocks))
+		}
+		if len(blocks) > 0 && blocks[len(blocks)-1] >= int64(len(w.reft.words)) {
+			// The refcount table grows first (into the end), then look
+			// again.
+			if err := w.growReftable(blocks[len(blocks)-1] + 1); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		nb := int64(len(blocks))
+		end := start + nb + n
+		if err := w.reserveFile(end * cs); err != nil {
+			return 0, err
+		}
+		for k, ti := range blocks {
+			bc := start + int64(k)
+			if err := w.addMeta(bc*cs, cs, MetaRefcountBlock); err != nil {
+				return 0, err
+			}
+			e := w.l.cache.put(cacheKey{owner: w.l.owner, off: bc * cs}, make([]uint64, cs/8))
+			e.table.touch(0, len(e.table.words))
+			w.markDirty(e)
+			w.reft.set(ti, uint64(bc*cs))
+		}
+		for c := start; c < end; c++ {
+			if err := w.setRefcount(c, 1); err != nil {
+				return 0, err
+			}
+		}
+		return (start + nb) * cs, nil
+	}
+}
+
+// missingBlocks appends to out the indices, in increasing order, of the
+// refcount blocks that clusters [start, end) need and that do not exist.
+func (w *writer) missingBlocks(start, end int64, out []int64) []int64 {
+	for ti := start / w.perBlock; ti <= (end-1)/w.perBlock; ti++ {
+		if ti >= int64(len(w.reft.words)) || w.reft.words[ti]&reftOffsetMask == 0 {
+			out = append(out, ti)
+		}
+	}
+	return out
+}
+
+// allocateOne allocates one cluster and returns its host offset.
+func (w *writer) allocateOne() (int64, error) {
+	runs, err := w.allocate(1)
+	if err != nil {
+		return 0, err
+	}
+	return runs[0].start, nil
+}
+
+// findFree returns the first free cluster at or after freeHint and how many
+// free clusters follow it, at most n; past the end of what is in use
+// everything is free.
+func (w *writer) findFree(n int64) (c, k int64, err error) {
+	c = w.freeHint
+	for c < w.end {
+		rc, err := w.refcountAt(c)
+		if err != nil {
+			return 0, 0, err
+		}
+		if rc != 0 {
+			c++
+			continue
+		}
+		k = 1
+		for k < n && c+k < w.end {
+			rc, err := w.refcountAt(c + k)
+			if err != nil {
+				return 0, 0, err
+			}
+			if rc != 0 {
+				return c, k, nil
+			}
+			k++
+		}
+		if k == n {
+			return c, k, nil
+		}
+		return c, n, nil // it reaches the end, where all is free
+	}
+	return max(c, w.end), n, nil
+}
+
+// findEnd finds the first cluster past every cluster in use, from the
+// refcount blocks, at open.
+func (w *writer) findEnd() error {
+	for ti := int64(len(w.reft.words)) - 1; ti >= 0; ti-- {
+		off := int64(w.reft.words[ti] & reftOffsetMask)
+		if off == 0 {
+			continue
+		}
+		e, err := w.refblock(off)
+		if err != nil {
+			return err
+		}
+		for i := w.perBlock - 1; i >= 0; i-- {
+			if w.getRef(e.table, i) != 0 {
+				w.end = ti*w.perBlock + i + 1
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+// reserveFile makes sure the image file reaches at least size bytes,
+// growing it ahead in large steps.
+func (w *writer) reserveFile(size int64) error {
+	if size <= w.fileEnd {
+		return nil
+	}
+	target := (size + growStep - 1) / growStep * growStep
+	if err := w.f.Allocate(w.fileEnd, target-w.fileEnd); err != nil {
+		// A file system without fallocate: the writes will grow the
+		// file themselves.
+		target = size
+	}
+	w.fileEnd = target
+	w.l.setFileSize(target)
+	return nil
+}
+
+// growReftable replaces the refcount table by one with room for at least
+// need entries (specification, "refcount_table_offset"): new refcount
+// blocks and the new table are written past the end of what is in use,
+// the blocks counting themselves and the table; once they are durable the
+// header is switched to the new table with one synced write of its first
+// sector; then the old table's clusters are freed.
+func (w *writer) growReftable(need int64) error {
+	l := w.l
+	cs := l.clusterSize()
+	// The new table must not point at blocks that are not durable: write
+	// everything back first.
+	if err := w.flushLocked(); err != nil {
+		return err
+	}
+	oldLen := int64(len(w.reft.words))
+	newLen := max(need, oldLen+oldLen/2+1)
+	perCluster := cs / 8
+	newLen = (newLen + perCluster - 1) / perCluster * perCluster
+	tableClusters := newLen / perCluster
+
+	// The area: nb new blocks, then the table, from the end. The new
+	// blocks are the missing ones that count the area, and block need-1.
+	start := w.end
+	var blocks []int64 // table indices of the new blocks
+	for nb := int64(0); ; {
+		areaEnd := start + nb + tableClusters
+		blocks = blocks[:0]
+		seen := map[int64]bool{}
+		for c := start; c < areaEnd; c++ {
+			ti := c / w.perBlock
+			if !seen[ti] && (ti >= oldLen || w.reft.words[ti]&reftOffsetMask == 0) {
+				seen[ti] = true
+				blocks = append(blocks, ti)
+			}
+		}
+		if ti := need - 1; !seen[ti] && (ti >= oldLen || w.reft.words[ti]&reftOffsetMask == 0) {
+			blocks = append(blocks, ti)
+		}
+		if int64(len(blocks)) == nb {
+			break
+		}
+		nb = int64(len(blocks))
+	}
+	nb := int64(len(blocks))
+	tableStart := start + nb
+	areaEnd := tableStart + tableClusters
+	if err := w.reserveFile(areaEnd * cs); err != nil {
+		return err
+	}
+
+	// The area's clusters that existing blocks count get their refcount
+	// there; those blocks are written with the new ones, before the
+	// switch.
+	for c := start; c < areaEnd; c++ {
+		if ti := c / w.perBlock; ti < oldLen && w.reft.words[ti]&reftOffsetMask != 0 {
+			if err := w.setRefcount(c, 1); err != nil {
+				return err
+			}
+		}
+	}
+	newTable := make([]uint64, newLen)
+	copy(newTable, w.reft.words)
+	buf := make([]byte, cs)
+	for k, ti := range blocks {
+		bc := start + int64(k) // the block's cluster
+		words := make([]uint64, cs/8)
+		t := &table{words: words}
+		for c := max(start, ti*w.perBlock); c < min(areaEnd, (ti+1)*w.perBlock); c++ {
+			w.putRef(t, c-ti*w.perBlock, 1)
+		}
+		encodeWords(buf, words)
+		if err := w.addMeta(bc*cs, cs, MetaRefcountBlock); err != nil {
+			return err
+		}
+		if err := w.writeMeta(buf, bc*cs, MetaRefcountBlock); err != nil {
+			return err
+		}
+		w.l.cache.unpin(w.l.cache.put(cacheKey{owner: l.owner, off: bc * cs}, words))
+		newTable[ti] = uint64(bc * cs)
+	}
+	for off, e := range w.dirtyTables {
+		if w.isRefblock(off) {
+			if err := w.writeTable(e, MetaRefcountBlock); err != nil {
+				return w.fail(err)
+			}
+		}
+	}
+	tb := make([]byte, newLen*8)
+	encodeWords(tb, newTable)
+	if err := w.addMeta(tableStart*cs, tableClusters*cs, MetaRefcountTable); err != nil {
+		return err
+	}
+	if err := w.writeMeta(tb, tableStart*cs, MetaRefcountTable); err != nil {
+		return err
+	}
+	if err := w.sync(); err != nil {
+		return err
+	}
+	oldOff, oldClusters := w.reftOff, int64(len(w.reft.words))*8/cs
+	hdr := w.headerSector()
+	fieldRefcountTableOffset.put(hdr, uint64(tableStart*cs))
+	fieldRefcountTableClusters.put(hdr, uint64(tableClusters))
+	if err := w.writeHeaderSector(hdr); err != nil {
+		return err
+	}
+	w.reftOff = tableStart * cs
+	w.reft = &table{words: newTable}
+	w.end = max(w.end, areaEnd)
+	w.l.metaMap.Store(w.l.metaMap.Load().with(oldOff, oldOff+oldClusters*cs, 0))
+	// The header no longer names the old table: its clusters are free.
+	for c := oldOff / cs; c < oldOff/cs+oldClusters; c++ {
+		if err := w.decref(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,561 @@
+package qcow2
+
+import (
+	"fmt"
+)
+
+// Writing guest data, zeroing and discarding, resizing.
+//
+// A write goes through the writer in runs of guest clusters, each inside
+// one L2 table: a run of clusters writable in place is written straight to
+// its host clusters, without any lock (its pin keeps those clusters from
+// being reused meanwhile); a run that needs metadata holds its guest range
+// (busy), is planned and allocated under w.mu, written without it, and
+// linked under it again (writemap.go, cow.go).
+
+// maxRunBytes bounds one run of a write, so that a large write does not
+// hold a long guest range (or allocate) all at once.
+const maxRunBytes = 4 << 20
+
+// WriteAt writes p at guest offset off. A write past the end of the disk
+// writes what fits and fails with ErrNoSpace.
+func (img *Image) WriteAt(p []byte, off int64) (int, error) {
+	w := img.w
+	if w == nil {
+		return 0, img.readOnly()
+	}
+	size := img.Size()
+	if off < 0 || off > size {
+		return 0, fmt.Errorf("%s: write at %d: %w (%d bytes)", img.top.name, off, ErrNoSpace, size)
+	}
+	want := len(p)
+	if int64(len(p)) > size-off {
+		p = p[:size-off]
+	}
+	w.st.writes.Add(1)
+	if err := w.start(); err != nil {
+		return 0, err
+	}
+	done := 0
+	for done < len(p) {
+		n, err := w.writeRun(p[done:], off+int64(done))
+		done += n
+		if err != nil {
+			return done, err
+		}
+	}
+	if done < want {
+		return done, fmt.Errorf("%s: write of %d bytes at %d: %w (%d bytes)", img.top.name, want, off, ErrNoSpace, size)
+	}
+	return done, nil
+}
+
+func (img *Image) readOnly() error {
+	reason := img.roReason
+	if reason == "" {
+		reason = "not opened for writing"
+	}
+	return &ReadOnlyError{File: img.top.name, Reason: reason}
+}
+
+// start checks that writes may go on, and before the first one clears
+// the autoclear bits the writer does not maintain (as the specification
+// asks of a program that does not understand them).
+func (w *writer) start() error {
+	if err := w.usable(); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.headerCleaned {
+		return nil
+	}
+	w.headerCleaned = true
+	h := w.headerSector()
+	if w.l.hdr.Version < 3 {
+		return nil
+	}
+	auto := fieldAutoclearFeatures.get(h)
+	if keep := auto & AutoclearDataFileRaw; keep != auto {
+		fieldAutoclearFeatures.put(h, keep)
+		return w.writeHeaderSector(h)
+	}
+	return nil
+}
+
+// writeRun writes a prefix of p at off, within one L2 table and at most
+// maxRunBytes, and returns how much it wrote.
+func (w *writer) writeRun(p []byte, off int64) (int, error) {
+	l := w.l
+	cs := l.clusterSize()
+	l2Span := cs << l.l2Bits
+	n := min(int64(len(p)), l2Span-off&(l2Span-1), max(maxRunBytes, cs))
+	p = p[:n]
+
+	// In place: no lock, the pin holds the host clusters.
+	pin := w.img.pins.take()
+	k, host, err := w.inPlaceRun(off, n)
+	if err == nil && k > 0 {
+		err = w.writeData(p[:k], host)
+		pin.Release()
+		if err != nil {
+			return 0, err
+		}
+		w.st.inPlace.Add(1)
+		w.addHostBytes(k, 0)
+		return int(k), nil
+	}
+	pin.Release()
+	if err != nil {
+		return 0, err
+	}
+	return w.allocRun(p, off)
+}
+
+// inPlaceRun returns how much of [off, off+n) (one L2 table) can be
+// written in place, from off, and where it goes on the host.
+func (w *writer) inPlaceRun(off, n int64) (int64, int64, error) {
+	l := w.l
+	cs := l.clusterSize()
+	l1i := off >> (l.clusterBits + l.l2Bits)
+	t := l.l1.Load()
+	if l1i >= t.len() || !t.entry(l1i).copied() {
+		return 0, 0, nil
+	}
+	tab, _, err := l.l2Table(l1i)
+	if err != nil || tab == nil {
+		return 0, 0, err
+	}
+	var done, host int64
+	for pos := off; pos < off+n; {
+		idx := (pos >> l.clusterBits) & (1<<l.l2Bits - 1)
+		e := tab.entry(idx, l.extendedL2)
+		a := pos & (cs - 1)
+		b := min(cs, a+off+n-pos)
+		h := e.hostOffset() + a
+		if !w.inPlace(e, a, b, true) || (done > 0 && h != host+done) {
+			break
+		}
+		if done == 0 {
+			host = h
+		}
+		done += b - a
+		pos += b - a
+	}
+	return done, host, nil
+}
+
+// allocRun writes a prefix of p at off that needs metadata: the clusters
+// from off up to the first one writable in place.
+func (w *writer) allocRun(p []byte, off int64) (int, error) {
+	l := w.l
+	cs := l.clusterSize()
+	first, last := off/cs, (off+int64(len(p))-1)/cs
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.hold(first*cs, (last+1)*cs)
+	defer w.unhold(first*cs, (last+1)*cs)
+	if err := w.usable(); err != nil {
+		return 0, err
+	}
+
+	l1i := off >> (l.clusterBits + l.l2Bits)
+	tab, _, err := w.ownedL2(l1i)
+	if err != nil {
+		return 0, err
+	}
+	var plans []clusterPlan
+	fresh := int64(0)
+	end := off + int64(len(p))
+	for g := first; g <= last; g++ {
+		a := max(off, g*cs) - g*cs
+		b := min(end, (g+1)*cs) - g*cs
+		idx := g & (1<<l.l2Bits - 1)
+		e := tab.entry(idx, l.extendedL2)
+		if w.inPlace(e, a, b, true) {
+			break
+		}
+		pl, err := w.plan(g, idx, e, a, b)
+		if err != nil {
+			return 0, err
+		}
+		if pl.fresh {
+			fresh++
+		}
+		plans = append(plans, pl)
+	}
+	if len(plans) == 0 {
+		// It became writable in place meanwhile: the caller's next
+		// round writes it.
+		return 0, nil
+	}
+	if fresh > 0 {
+		runs, err := w.allocate(fresh)
+		if err != nil {
+			return 0, err
+		}
+		for i := range plans {
+			if pl := &plans[i]; pl.fresh {
+				host := runs[0].start
+				if runs[0].start += cs; runs[0].start == runs[0].end {
+					runs = runs[1:]
+				}
+				c := host / cs
+				pl.host, pl.zeroed = host, c >= w.zeroFrom || w.zeroed[c]
+				delete(w.zeroed, c)
+			}
+		}
+	}
+	written := min(int64(len(p)), (plans[len(plans)-1].g+1)*cs-off)
+
+	// The data, without mu: the guest range stays held.
+	w.mu.Unlock()
+	pin := w.img.pins.take()
+	err = w.writePlans(plans, p[:written], off)
+	pin.Release()
+	w.mu.Lock()
+	if err != nil {
+		return 0, err
+	}
+	// Linked into the table ownedL2 returned: the writer owns it, and
+	// it stays pinned while dirty.
+	tab, _, err = w.ownedL2(l1i)
+	if err != nil {
+		return 0, err
+	}
+	w.link(tab, plans)
+	if l.external() {
+		for _, pl := range plans {
+			w.dataEnd = max(w.dataEnd, pl.host+min(cs, l.vsize()-pl.g*cs))
+		}
+		l.dataLen.Store(max(l.dataLen.Load(), w.dataEnd))
+	}
+	w.img.invalidate(off, written)
+	if w.dirtyBytes > maxDirtyBytes {
+		if err := w.flushLocked(); err != nil {
+			return int(written), err
+		}
+	}
+	return int(written), nil
+}
+
+// hold waits until no other operation holds any of guest range
+// [start, end), then holds it. The caller holds w.mu.
+func (w *writer) hold(start, end int64) {
+	for {
+		free := true
+		for _, s := range w.busy {
+			if s.start < end && start < s.end {
+				free = false
+				break
+			}
+		}
+		if free {
+			w.busy = append(w.busy, span{start, end})
+			return
+		}
+		w.busyCond.Wait()
+	}
+}
+
+// unhold releases a range hold took. The caller holds w.mu.
+func (w *writer) unhold(start, end int64) {
+	for i, s := range w.busy {
+		if s.start == start && s.end == end {
+			w.busy[i] = w.busy[len(w.busy)-1]
+			w.busy = w.busy[:len(w.busy)-1]
+			break
+		}
+	}
+	w.busyCond.Broadcast()
+}
+
+// invalidate drops what the image built from the content of guest range
+// [off, off+n): the hole index chunks it touches.
+func (img *Image) invalidate(off, n int64) {
+	x := img.idx
+	if x == nil || n <= 0 {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for c := off >> x.chunkBits; c <= (off+n-1)>>x.chunkBits; c++ {
+		if e := x.chunks[c]; e != nil {
+			delete(x.chunks, c)
+			x.ring.removeIf(func(r *chunkRuns) bool { return r == e }, func(*chunkRuns) {})
+		}
+	}
+}
+
+// zeroes is a source of zero bytes for writes, never written to.
+var zeroes = make([]byte, 1<<20)
+
+// Discard makes guest range [off, off+n) read as zeros and gives its host
+// clusters back: whole clusters become unallocated, or zero clusters where
+// a backing file would otherwise show through (on compat 0.10 images,
+// which have no zero clusters, zeros are written there); their host
+// clusters are freed (and punched) once that is durable. The parts of
+// partial clusters are zeroed.
+func (img *Image) Discard(off, n int64) error { return img.zero(off, n, false) }
+
+// WriteZeroes makes guest range [off, off+n) read as zeros: whole clusters
+// become zero clusters, keeping a host cluster the image owns (as qemu's
+// write-zeroes without unmap does); partial clusters get zeros written.
+func (img *Image) WriteZeroes(off, n int64) error { return img.zero(off, n, true) }
+
+func (img *Image) zero(off, n int64, keep bool) error {
+	w := img.w
+	if w == nil {
+		return img.readOnly()
+	}
+	size := img.Size()
+	if off < 0 || n < 0 || off > size {
+		return fmt.Errorf("%s: zeroing [%d, +%d): %w (%d bytes)", img.top.name, off, n, ErrNoSpace, size)
+	}
+	n = min(n, size-off)
+	if n == 0 {
+		return nil
+	}
+	if err := w.start(); err != nil {
+		return err
+	}
+	l := w.l
+	cs := l.clusterSize()
+	end := off + n
+	// Whole clusters, and the end of the disk counts as a cluster's end.
+	a := (off + cs - 1) / cs * cs
+	b := end / cs * cs
+	if end == size {
+		b = (end + cs - 1) / cs * cs
+	}
+	if a >= b {
+		return w.zeroBytes(off, n)
+	}
+	if err := w.zeroBytes(off, a-off); err != nil {
+		return err
+	}
+	if err := w.zeroBytes(min(b, end), end-min(b, end)); err != nil {
+		return err
+	}
+	l2Span := cs << l.l2Bits
+	for pos := a; pos < b; {
+		step := min(b-pos, l2Span-pos&(l2Span-1))
+		if err := w.zeroClusters(pos, step, keep); err != nil {
+			return err
+		}
+		pos += step
+	}
+	return nil
+}
+
+// zeroBytes writes zeros over [off, off+n), unless it reads as zeros
+// already.
+func (w *writer) zeroBytes(off, n int64) error {
+	for n > 0 && !w.readsZero(off, n) {
+		k := min(n, int64(len(zeroes)))
+		if _, err := w.img.WriteAt(zeroes[:k], off); err != nil {
+			return err
+		}
+		off, n = off+k, n-k
+	}
+	return nil
+}
+
+// zeroClusters zeroes whole clusters [off, off+n) inside one L2 table.
+func (w *writer) zeroClusters(off, n int64, keep bool) error {
+	l := w.l
+	cs := l.clusterSize()
+	hasBacking := l.backing != nil
+	if l.hdr.Version < 3 {
+		// No zero clusters: unallocated reads zeros only without a
+		// backing file; with one, write the zeros.
+		if hasBacking {
+			for pos := off; pos < off+n; pos += int64(len(zeroes)) {
+				k := min(off+n-pos, int64(len(zeroes)))
+				if _, err := w.img.WriteAt(zeroes[:k], pos); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.hold(off, off+n)
+	defer w.unhold(off, off+n)
+	if err := w.usable(); err != nil {
+		return err
+	}
+	l1i := off >> (l.clusterBits + l.l2Bits)
+	t := l.l1.Load()
+	if l1i >= t.len() {
+		return fmt.Errorf("%s: zeroing at %d: past the L1 table", l.name, off)
+	}
+	if t.entry(l1i).l2Offset() == 0 && !hasBacking {
+		return nil // unallocated, and nothing shows through: zeros
+	}
+	tab, _, err := w.ownedL2(l1i)
+	if err != nil {
+		return err
+	}
+	external := l.external()
+	allZero := uint64(subclusterAllocMask) << 32
+	for g := off / cs; g < (off+n)/cs; g++ {
+		idx := g & (1<<l.l2Bits - 1)
+		e := tab.entry(idx, l.extendedL2)
+		owned := !e.compressed() && e.allocated(external) && e.copied()
+		var next l2Entry
+		switch {
+		case keep && owned && l.hdr.Version >= 3:
+			// A zero cluster that keeps its host cluster.
+			next.word = e.word&(l2OffsetMask|oflagCopied) | oflagZero
+			if l.extendedL2 {
+				next.word &^= oflagZero
+				next.bitmap = allZero
+			}
+		case hasBacking || l.hdr.Version >= 3 && keep:
+			// A zero cluster, so the backing file does not show.
+			next.word = oflagZero
+			if l.extendedL2 {
+				next.word, next.bitmap = 0, allZero
+			}
+		default:
+			// Unallocated: nothing below, so it reads zeros.
+		}
+		if next == e {
+			continue
+		}
+		tab.setEntry(idx, next, l.extendedL2)
+		switch {
+		case e.compressed():
+			o, size := e.compressedRange(l.clusterBits)
+			w.free(o/cs, (o+size-1)/cs-o/cs+1)
+		case external:
+			// The data file: give the space back now (a raw data file
+			// must read zeros there; the entry says so too).
+			if err := w.df.Punch(g*cs, cs); err != nil {
+				if _, err := w.df.WriteAt(zeroes[:min(cs, int64(len(zeroes)))], g*cs); err != nil && cs <= int64(len(zeroes)) {
+					return w.fail(err)
+				}
+			}
+		case e.allocated(false) && next.word&l2OffsetMask == 0:
+			w.free(e.hostOffset()/cs, 1)
+		}
+	}
+	w.img.invalidate(off, n)
+	if w.dirtyBytes > maxDirtyBytes {
+		return w.flushLocked()
+	}
+	return nil
+}
+
+// Resize grows the virtual disk to size bytes (a multiple of 512); the new
+// part reads as zeros. Shrinking is refused and changes nothing. A larger
+// L1 table is written elsewhere first, and the header switched to it (and
+// to the new size) with one synced write.
+func (img *Image) Resize(size int64) error {
+	w := img.w
+	if w == nil {
+		return img.readOnly()
+	}
+	l := w.l
+	old := img.Size()
+	switch {
+	case size == old:
+		return nil
+	case size < old:
+		return fmt.Errorf("%s: shrinking from %d to %d bytes is not supported: %w", l.name, old, size, ErrReadOnly)
+	case size%512 != 0:
+		return fmt.Errorf("%s: the size must be a multiple of 512, not %d", l.name, size)
+	case size > 1<<62:
+		return fmt.Errorf("%s: size %d too large", l.name, size)
+	}
+	if err := w.start(); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.flushLocked(); err != nil {
+		return err
+	}
+	cs := l.clusterSize()
+	l1Span := cs << l.l2Bits
+	need := (size + l1Span - 1) / l1Span
+	if need*8 > maxL1Bytes {
+		return fmt.Errorf("%s: size %d needs an L1 table of %d entries, more than qemu allows", l.name, size, need)
+	}
+	h := w.headerSector()
+	fieldSize.put(h, uint64(size))
+	t := l.l1.Load()
+	if need <= t.len() {
+		if err := w.writeHeaderSector(h); err != nil {
+			return err
+		}
+		l.virtSize.Store(size)
+		return nil
+	}
+	// A new L1 table, all entries of the old one and zeros.
+	clusters := (need*8 + cs - 1) / cs
+	off, err := w.allocateTable(clusters)
+	if err != nil {
+		return err
+	}
+	entries := make([]uint64, clusters*cs/8)
+	for i := int64(0); i < t.len(); i++ {
+		entries[i] = uint64(t.entry(i))
+	}
+	buf := make([]byte, len(entries)*8)
+	encodeWords(buf, entries)
+	if err := w.addMeta(off, clusters*cs, MetaL1); err != nil {
+		return err
+	}
+	if err := w.writeMeta(buf, off, MetaL1); err != nil {
+		return err
+	}
+	if err := w.sync(); err != nil {
+		return err
+	}
+	fieldL1Size.put(h, uint64(need))
+	fieldL1TableOffset.put(h, uint64(off))
+	if err := w.writeHeaderSector(h); err != nil {
+		return err
+	}
+	l.l1.Store(&l1Table{off: off, entries: entries[:need]})
+	l.virtSize.Store(size)
+	// The header names the new table: the old one's clusters are free.
+	oldOff, oldLen := t.off, (t.len()*8+cs-1)/cs*cs
+	w.l.metaMap.Store(w.l.metaMap.Load().with(oldOff, oldOff+oldLen, 0))
+	for c := oldOff / cs; c < (oldOff+oldLen)/cs; c++ {
+		if err := w.decref(c); err != nil {
+			return err
+		}
+	}
+	return w.reclaim()
+}
+
+// closeWriter writes everything back and leaves a clean image: dirty
+// metadata flushed, freed clusters' refcounts dropped and flushed too, the
+// file's growth ahead given back.
+func (w *writer) close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.usable(); err != nil {
+		return err
+	}
+	for range 3 {
+		if err := w.flushLocked(); err != nil {
+			return err
+		}
+		if len(w.pendingFree) == 0 && len(w.quarantine) == 0 && len(w.dirtyTables) == 0 && !w.l1Dirty {
+			break
+		}
+	}
+	cs := w.l.clusterSize()
+	if end := max(w.end*cs, w.zeroFrom*cs); end < w.fileEnd {
+		if err := w.f.Truncate(end); err == nil {
+			w.fileEnd = end
+			w.l.setFileSize(end)
+		}
+	}
+	return w.sync()
+}

@@ -1,0 +1,197 @@
+package qcow2_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"hash/fnv"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/qcowfs/qcowfs/qcow2"
+	"github.com/qcowfs/qcowfs/test/qemu"
+)
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func sha(t *testing.T, path string) [32]byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sha256.Sum256(b)
+}
+
+// openWritable opens an image of the write matrix for writing.
+func openWritable(t *testing.T, path string) *qcow2.Image {
+	t.Helper()
+	f, err := qcow2.OpenWritableFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := qcow2.NewImage(f, qcow2.Options{Writable: true, Cache: qcow2.NewCache(1<<20, 1<<20)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !img.Writable() {
+		t.Fatalf("%s opened read-only: %s", path, img.ReadOnlyReason())
+	}
+	return img
+}
+
+// apply applies op to img, failing the test on an error.
+func apply(t *testing.T, img *qcow2.Image, op qemu.Op) {
+	t.Helper()
+	var err error
+	switch op.Kind {
+	case qemu.OpWrite:
+		_, err = img.WriteAt(op.Data(), op.Off)
+	case qemu.OpDiscard:
+		err = img.Discard(op.Off, op.Len)
+	case qemu.OpZero:
+		err = img.WriteZeroes(op.Off, op.Len)
+	case qemu.OpResize:
+		err = img.Resize(op.Off)
+	case qemu.OpFlush:
+		err = img.Flush()
+	}
+	if err != nil {
+		t.Fatalf("%v: %v", op, err)
+	}
+}
+
+// qemuCheck runs qemu-img check and fails the test on any error, leak or
+// corruption it reports.
+func qemuCheck(t *testing.T, path string) {
+	t.Helper()
+	out, err := exec.Command("qemu-img", "check", "--output=json", path).Output()
+	var res struct {
+		CheckErrors int `json:"check-errors"`
+		Corruptions int `json:"corruptions"`
+		Leaks       int `json:"leaks"`
+	}
+	if jerr := json.Unmarshal(out, &res); jerr != nil {
+		t.Fatalf("qemu-img check %s: %v, %v: %s", path, err, jerr, out)
+	}
+	if err != nil || res.CheckErrors+res.Corruptions+res.Leaks != 0 {
+		human, _ := exec.Command("qemu-img", "check", path).CombinedOutput()
+		t.Fatalf("qemu-img check %s: %d errors, %d corruptions, %d leaks (%v):\n%s", path, res.CheckErrors, res.Corruptions, res.Leaks, err, human)
+	}
+}
+
+// TestWriteMatchesModel applies a seeded sequence of writes, discards,
+// zeroings, flushes and a resize to every image of the write matrix
+// through the library, and the same to a raw model of the disk. After
+// Close: qemu-img check finds no errors and no leaks, qemu-img convert
+// equals the model, every snapshot and every backing file is unchanged,
+// and qemu-img map shows clusters last discarded or zeroed whole as zero.
+func TestWriteMatchesModel(t *testing.T) {
+	qemu.Require(t, "qemu-img", "qemu-io")
+	dir := qemu.TempDir(t)
+	for _, im := range qemu.WriteMatrix(t, dir) {
+		t.Run(im.Name, func(t *testing.T) {
+			keep := map[string][32]byte{}
+			for _, k := range im.Keep {
+				keep[k] = sha(t, k)
+			}
+			snaps := map[string][]byte{}
+			for _, s := range im.Snapshots {
+				p := filepath.Join(dir, im.Name+"@"+s+".raw")
+				qemu.Img(t, "convert", "-l", "snapshot.name="+s, "-O", "raw", im.Path, p)
+				b, _ := os.ReadFile(p)
+				snaps[s] = b
+			}
+			model, err := os.ReadFile(qemu.ToRaw(t, im.Path, filepath.Join(dir, im.Name+".before")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := fnv.New64a()
+			h.Write([]byte(im.Name))
+			ops := qemu.Ops(h.Sum64(), 60, int64(len(model)), im.ClusterSize)
+
+			img := openWritable(t, im.Path)
+			// zeroed[c] is set when cluster c was last discarded or
+			// zeroed whole.
+			zeroed := map[int64]bool{}
+			buf := make([]byte, 1<<20)
+			for i, op := range ops {
+				apply(t, img, op)
+				model = op.Apply(model)
+				switch op.Kind {
+				case qemu.OpWrite:
+					for c := op.Off / im.ClusterSize; c <= (op.Off+op.Len-1)/im.ClusterSize; c++ {
+						delete(zeroed, c)
+					}
+				case qemu.OpDiscard, qemu.OpZero:
+					for c := (op.Off + im.ClusterSize - 1) / im.ClusterSize; (c+1)*im.ClusterSize <= op.Off+op.Len; c++ {
+						zeroed[c] = true
+					}
+				}
+				if img.Size() != int64(len(model)) {
+					t.Fatalf("after %v the disk is %d bytes, want %d", op, img.Size(), len(model))
+				}
+				// Read back around what changed, through the library.
+				if op.Kind != qemu.OpFlush && op.Kind != qemu.OpResize && i%3 == 0 {
+					start := max(0, op.Off-4096)
+					n := min(int64(len(buf)), int64(len(model))-start)
+					if _, err := img.ReadAt(buf[:n], start); err != nil {
+						t.Fatalf("read after %v: %v", op, err)
+					}
+					if !bytes.Equal(buf[:n], model[start:start+n]) {
+						t.Fatalf("after %v, the library reads [%d, +%d) differently from the model", op, start, n)
+					}
+				}
+			}
+			if err := img.Close(); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			qemuCheck(t, im.Path)
+			got, err := os.ReadFile(qemu.ToRaw(t, im.Path, filepath.Join(dir, im.Name+".after")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(model) {
+				t.Fatalf("qemu-img convert makes %d bytes, the model has %d", len(got), len(model))
+			}
+			if i := firstDiff(got, model); i >= 0 {
+				t.Fatalf("qemu-img convert differs from the model at byte %d: %#x != %#x", i, got[i], model[i])
+			}
+			for k, want := range keep {
+				if sha(t, k) != want {
+					t.Errorf("backing file %s changed", k)
+				}
+			}
+			for s, want := range snaps {
+				p := filepath.Join(dir, im.Name+"@"+s+".after")
+				qemu.Img(t, "convert", "-l", "snapshot.name="+s, "-O", "raw", im.Path, p)
+				// (qemu-img convert -l makes the image's current size:
+				// past the snapshot's own, zeros.)
+				b, _ := os.ReadFile(p)
+				if len(b) < len(want) || !bytes.Equal(b[:len(want)], want) || !allZero(b[len(want):]) {
+					t.Errorf("snapshot %s reads differently after the writes", s)
+				}
+			}
+			if im.V2 && im.Backed {
+				return // zeros over a backing file are written data there
+			}
+			for _, e := range qemu.Map(t, im.Path) {
+				for c := e.Start / im.ClusterSize; c < (e.Start+e.Length)/im.ClusterSize; c++ {
+					if zeroed[c] && (e.Data || !e.Zero) {
+						t.Errorf("cluster %d was discarded or zeroed last, qemu-img map says %+v", c, e)
+						break
+					}
+				}
+			}
+		})
+	}
+}

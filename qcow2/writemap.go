@@ -1,0 +1,218 @@
+package qcow2
+
+import (
+	"fmt"
+)
+
+// The write side of the cluster mapping (imago's ensure_data_mapping):
+// making sure a writable host cluster backs each guest cluster a write
+// touches, and linking it in once its data is written.
+//
+// A guest cluster is written in place when its entry is a data cluster
+// this image owns (COPIED, refcount 1, in an L2 table it owns too) and,
+// with extended L2 entries, every subcluster the write touches is already
+// allocated. Anything else needs a plan (clusterPlan): which host cluster
+// takes the data (the owned one, or a fresh one, or with an external data
+// file the guest offset itself), which parts of it are guest data and
+// which are copied, and the entry to link. Plans are made under w.mu, their
+// data written without it, and linked under it again.
+
+// clusterPlan is what one guest cluster of a write needs.
+type clusterPlan struct {
+	g        int64   // guest cluster index
+	entryIdx int64   // index of its entry in the L2 table
+	old      l2Entry // the entry when planned
+	host     int64   // host offset of the cluster the data goes to
+	fresh    bool    // a new cluster: the old one's references go
+	zeroed   bool    // the host cluster reads zeros where not written
+	a, b     int64   // the write's bytes within the cluster: [a, b)
+	// copy are the parts of the cluster outside [a, b) to fill from the
+	// cluster's current content (copy-on-write), as [start, end) pairs
+	// within the cluster.
+	copy []span
+	next l2Entry // the entry to link
+}
+
+// ownedL2 returns the L2 table of L1 entry l1i for writing, owned by this
+// image (COPIED): a new zeroed table if there is none, a copy of a table
+// shared with a snapshot. The caller holds w.mu.
+func (w *writer) ownedL2(l1i int64) (*table, int64, error) {
+	l := w.l
+	t := l.l1.Load()
+	if l1i >= t.len() {
+		return nil, 0, fmt.Errorf("%s: L1 index %d past the L1 table (%d entries)", l.name, l1i, t.len())
+	}
+	e := t.entry(l1i)
+	off := e.l2Offset()
+	if off != 0 {
+		if err := l.checkL1Entry(t, l1i); err != nil {
+			return nil, 0, err
+		}
+	}
+	if off != 0 && e.copied() {
+		tab, err := w.dirtyTable(off, "L2 table")
+		return tab, off, err
+	}
+	cs := l.clusterSize()
+	words := make([]uint64, cs/8)
+	if off != 0 {
+		// Shared with a snapshot: the copy is ours; its entries point
+		// to clusters both tables now share, so none is COPIED.
+		old, err := l.cache.get(cacheKey{owner: l.owner, off: off}, func() ([]uint64, error) {
+			return l.meta.table(off, "L2 table")
+		})
+		if err != nil {
+			return nil, 0, err
+		}
+		step := int64(l.l2EntryWords())
+		for i := int64(0); i < int64(len(words)); i++ {
+			words[i] = old.word(i)
+			if i%step == 0 {
+				words[i] &^= oflagCopied
+			}
+		}
+	}
+	noff, err := w.allocateOne()
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := w.addMeta(noff, cs, MetaL2); err != nil {
+		return nil, 0, err
+	}
+	ce := l.cache.put(cacheKey{owner: l.owner, off: noff}, words)
+	ce.table.touch(0, len(words))
+	w.markDirty(ce)
+	atomicStoreL1(t, l1i, l1Entry(uint64(noff)|oflagCopied))
+	w.dirtyL1(l1i)
+	if off != 0 {
+		// The L1 entry stops naming the shared table once it is
+		// durable: then the table counts one reference less.
+		w.free(off/cs, 1)
+	}
+	return ce.table, noff, nil
+}
+
+// inPlace reports whether a write of [a, b) of a guest cluster with entry
+// e, in a table the image owns (tableOwned), can go straight to its host
+// cluster.
+func (w *writer) inPlace(e l2Entry, a, b int64, tableOwned bool) bool {
+	l := w.l
+	if !tableOwned || e.compressed() || !e.allocated(l.external()) || !e.copied() {
+		return false
+	}
+	if !l.extendedL2 {
+		return e.word&oflagZero == 0
+	}
+	mask := subclusterMask(a, b, l.scBits)
+	return e.bitmap&mask == mask
+}
+
+// subclusterMask is the bitmap of the subclusters [a, b) of a cluster
+// touches.
+func subclusterMask(a, b int64, scBits uint) uint64 {
+	first, last := a>>scBits, (b-1)>>scBits
+	return (uint64(1)<<(last+1) - 1) &^ (uint64(1)<<first - 1)
+}
+
+// plan works out what guest cluster g, entry e at index idx of its L2
+// table, needs for a write of [a, b) of it. It allocates nothing.
+func (w *writer) plan(g, idx int64, e l2Entry, a, b int64) (clusterPlan, error) {
+	l := w.l
+	cs := l.clusterSize()
+	p := clusterPlan{g: g, entryIdx: idx, old: e, a: a, b: b}
+	external := l.external()
+	owned := !e.compressed() && e.allocated(external) && e.copied()
+	switch {
+	case external:
+		// Data files hold guest cluster g at guest offset g*cs.
+		p.host = g * cs
+		p.zeroed = p.host >= w.dataEnd
+	case owned:
+		if h := e.hostOffset(); h&(cs-1) != 0 {
+			return p, &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: -1,
+				Msg: fmt.Sprintf("host cluster offset %#x is not cluster aligned", h)}
+		}
+		p.host = e.hostOffset()
+	default:
+		p.fresh = true // host and zeroed come with the allocation
+	}
+	// Bytes of the last cluster past the end of the disk are never read:
+	// nothing is copied there.
+	end := min(cs, l.vsize()-g*cs)
+	if !l.extendedL2 {
+		// The whole cluster becomes guest data: the write, and the
+		// rest as it reads now (zeros for a zero cluster).
+		p.copy = appendSpan(appendSpan(nil, 0, a), b, end)
+		p.next = l2Entry{word: uint64(p.host) | oflagCopied}
+		return p, nil
+	}
+	// Extended L2: the touched subclusters become allocated, their
+	// untouched parts copied; untouched subclusters keep what they are,
+	// except that a fresh cluster replacing an old one takes a copy of
+	// every subcluster that had data there.
+	sc := int64(1) << l.scBits
+	touched := subclusterMask(a, b, l.scBits)
+	alloc, zero := e.bitmap&subclusterAllocMask, e.bitmap>>32
+	if e.compressed() {
+		alloc, zero = subclusterAllocMask, 0 // all data, no bitmap
+	}
+	copyAll := uint64(0)
+	if p.fresh && (e.compressed() || e.allocated(external)) {
+		copyAll = alloc &^ touched
+	}
+	for i := int64(0); i < subclustersPerCluster && i*sc < end; i++ {
+		bit := uint64(1) << i
+		s, t := i*sc, min((i+1)*sc, end)
+		switch {
+		case touched&bit != 0:
+			p.copy = appendSpan(p.copy, s, max(s, min(a, t)))
+			p.copy = appendSpan(p.copy, min(t, max(b, s)), t)
+		case copyAll&bit != 0:
+			p.copy = appendSpan(p.copy, s, t)
+		}
+	}
+	newAlloc := touched | copyAll
+	if !p.fresh {
+		newAlloc |= alloc
+	}
+	newZero := zero &^ newAlloc
+	p.next = l2Entry{word: uint64(p.host) | oflagCopied, bitmap: newZero<<32 | newAlloc}
+	return p, nil
+}
+
+// appendSpan appends [s, t) to spans, merged with the last one when they
+// touch; empty spans are dropped.
+func appendSpan(spans []span, s, t int64) []span {
+	if s >= t {
+		return spans
+	}
+	if n := len(spans); n > 0 && spans[n-1].end == s {
+		spans[n-1].end = t
+		return spans
+	}
+	return append(spans, span{s, t})
+}
+
+// link installs the entries of plans (made for L2 table tab at index l1i,
+// their data written) and schedules the release of what they replace. The
+// caller holds w.mu.
+func (w *writer) link(tab *table, plans []clusterPlan) {
+	l := w.l
+	cs := l.clusterSize()
+	for i := range plans {
+		p := &plans[i]
+		p.next.word = p.next.word&^l2OffsetMask | uint64(p.host)&l2OffsetMask
+		tab.setEntry(p.entryIdx, p.next, l.extendedL2)
+		if !p.fresh {
+			continue
+		}
+		switch e := p.old; {
+		case e.compressed():
+			off, size := e.compressedRange(l.clusterBits)
+			first := off / cs
+			w.free(first, (off+size-1)/cs-first+1)
+		case e.allocated(l.external()) && !l.external():
+			w.free(e.hostOffset()/cs, 1)
+		}
+	}
+}
