@@ -166,6 +166,9 @@ func (m *mount) fillAttr(a *fuse.Attr, x *shown) (final bool) {
 		return false
 	}
 	a.Mode = e.st.Mode&^0o222&^syscall.S_IFMT | syscall.S_IFREG
+	if m.writableDisk(x) {
+		a.Mode |= e.st.Mode & 0o222 // write permission as the image file has it
+	}
 	a.Blksize = 1 << 16
 	if x.kind() != kindImage {
 		a.Size = uint64(e.st.Size)
@@ -179,4 +182,12 @@ func (m *mount) fillAttr(a *fuse.Attr, x *shown) (final bool) {
 	a.Blocks = (uint64(used) + 511) / 512
 	a.Nlink = 1
 	return counted
+}
+
+// writableDisk reports whether x is a disk (or partition) whose file can be
+// written: in a writable mount, an image (not a snapshot) that can be
+// written and is no other image's backing file.
+func (m *mount) writableDisk(x *shown) bool {
+	return m.cfg.Writable && x.e.kind == kindImage && x.snap == 0 && x.part != partsFolder &&
+		x.e.facts != nil && x.e.facts.writable && m.backingOf(x.e.key) == ""
 }

@@ -6,6 +6,7 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 // imageNode is a qcow2 image, one of its internal snapshots, or a
@@ -18,12 +19,13 @@ type imageNode struct {
 	x     *shown // the disk as listed
 	part  int    // a partition number; 0 for the whole disk
 	start int64  // where the file starts in the disk: a partition's offset
-	size  int64
+	size  int64  // a partition's size; for a whole disk, its size when listed
 }
 
 var (
 	_ = (gofs.NodeOpener)((*imageNode)(nil))
 	_ = (gofs.NodeGetattrer)((*imageNode)(nil))
+	_ = (gofs.NodeSetattrer)((*imageNode)(nil))
 )
 
 // disk is the disk (or partition) the node shows.
@@ -33,39 +35,115 @@ func (n *imageNode) disk() diskID {
 	return d
 }
 
-// Open opens the image for reading, taking qemu's reader locks while any
-// handle has it open. The content cannot change while it is served, so the
-// kernel may keep its page cache across opens: a change by someone else
+// writable reports whether the node's file may be opened for writing: a
+// writable mount, the image itself or a partition of it (not a snapshot),
+// an image that can be written, and not the backing file of another.
+func (n *imageNode) writable() bool { return n.m.writableDisk(n.x) }
+
+// Open opens the image, taking qemu's reader locks while any handle has it
+// open, and a writer's while a handle opened for writing has. The content
+// cannot change under the kernel's page cache but through this mount, so
+// the kernel may keep the cache across opens: a change by someone else
 // makes a new node (identity.go).
 func (n *imageNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
+	write := flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0
+	if write && !n.writable() {
 		return nil, 0, syscall.EROFS
 	}
-	oi, err := n.m.openHandle(n.disk(), n.x.e.rel)
+	if flags&syscall.O_TRUNC != 0 {
+		// Truncating to zero would shrink the disk, which qcow2 (and
+		// a disk) cannot do; dd conv=notrunc writes without it.
+		n.m.log.Warn("open with O_TRUNC refused: a disk cannot shrink (use dd conv=notrunc, or cp --sparse=always onto a fresh file)", "image", n.m.src.abs(n.x.e.rel))
+		return nil, 0, syscall.EPERM
+	}
+	oi, err := n.m.openHandle(n.disk(), n.x.e.rel, write)
 	if err != nil {
 		if err != syscall.ESTALE {
 			n.m.log.Warn("cannot open image", "image", n.m.src.abs(n.x.e.rel), "reason", err.Error())
 		}
 		return nil, 0, errnoOf(err)
 	}
-	return &imageHandle{n: n, oi: oi}, fuse.FOPEN_KEEP_CACHE, 0
+	return &imageHandle{n: n, oi: oi, write: write}, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+// fileSize is the size of the node's file now: the live disk's when the
+// image is open (a resize changes it), else as listed.
+func (n *imageNode) fileSize(oi *openImage) int64 {
+	if n.part != 0 {
+		return n.size
+	}
+	if oi == nil {
+		oi = n.m.openNow(n.disk())
+	}
+	if oi != nil {
+		return oi.img.Size()
+	}
+	return n.size
 }
 
 // Getattr reports the image file's attributes with the virtual size.
 func (n *imageNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	var oi *openImage
+	if h, ok := f.(*imageHandle); ok {
+		oi = h.oi
+	}
 	x := *n.x
-	x.part, x.size = n.part, n.size
-	if n.m.fillAttr(&out.Attr, &x) {
+	x.part, x.size = n.part, n.fileSize(oi)
+	if n.m.cfg.Writable {
+		// Times follow the image file as writes change it.
+		if st, err := n.m.src.stat(x.e.rel); err == nil && keyOf(&st) == x.e.key {
+			e := *x.e
+			e.st.Mtim, e.st.Ctim, e.st.Atim = st.Mtim, st.Ctim, st.Atim
+			x.e = &e
+		}
+	}
+	if n.m.fillAttr(&out.Attr, &x) && !n.writable() {
 		out.SetTimeout(imageAttrTimeout)
 	}
 	return 0
 }
 
-// imageHandle is one open of an image node: reads and lseek are answered
-// here, against the image the handle holds.
+// Setattr grows the disk when the file's size is set larger (truncate -s,
+// ftruncate); shrinking is refused and changes nothing. Other attributes
+// (mode, owner, times) belong to the image file and are not changed
+// through the mount.
+func (n *imageNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	size, ok := in.GetSize()
+	if !ok {
+		return n.Getattr(ctx, f, out)
+	}
+	if n.part != 0 || !n.writable() {
+		return syscall.EROFS
+	}
+	h, _ := f.(*imageHandle)
+	oi := (*openImage)(nil)
+	if h != nil && h.write {
+		oi = h.oi
+	} else {
+		var err error
+		if oi, err = n.m.openHandle(n.disk(), n.x.e.rel, true); err != nil {
+			return errnoOf(err)
+		}
+		defer n.m.closeHandle(oi, true)
+	}
+	if err := oi.img.Resize(int64(size)); err != nil {
+		n.m.log.Warn("resize refused", "image", oi.path, "size", size, "reason", err.Error())
+		if int64(size) < oi.img.Size() {
+			return syscall.EPERM
+		}
+		return errnoOf(err)
+	}
+	n.m.usage.forget(oi.d)
+	return n.Getattr(ctx, f, out)
+}
+
+// imageHandle is one open of an image node: reads, writes, lseek,
+// fallocate and fsync are answered here, against the image the handle
+// holds.
 type imageHandle struct {
-	n  *imageNode
-	oi *openImage
+	n     *imageNode
+	oi    *openImage
+	write bool // opened for writing
 }
 
 var _ = (gofs.FileReader)((*imageHandle)(nil))
@@ -73,13 +151,116 @@ var _ = (gofs.FileReader)((*imageHandle)(nil))
 // Read serves a read from the image; requests run in parallel.
 func (h *imageHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	n := h.n
-	return n.m.read(h.oi, dest, n.start+off, n.start+n.size)
+	return n.m.read(h.oi, dest, n.start+off, n.start+n.fileSize(h.oi))
 }
+
+var _ = (gofs.FileWriter)((*imageHandle)(nil))
+
+// Write writes into the image; writes to different clusters run in
+// parallel. A write past the end of the disk (or partition) is cut there;
+// one that starts at the end fails with ENOSPC, as on a disk.
+func (h *imageHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	n := h.n
+	if !h.write {
+		return 0, syscall.EBADF
+	}
+	end := n.fileSize(h.oi)
+	if off >= end {
+		return 0, syscall.ENOSPC
+	}
+	data = data[:min(int64(len(data)), end-off)]
+	k, err := h.oi.img.WriteAt(data, n.start+off)
+	if err != nil {
+		return uint32(k), n.m.writeFailed(h.oi, off, err)
+	}
+	n.m.usage.forget(h.oi.d)
+	return uint32(k), 0
+}
+
+var _ = (gofs.FileFsyncer)((*imageHandle)(nil))
+
+// Fsync makes everything written to the image durable. It never answers
+// ENOSYS (after which the kernel would take every fsync for a success), and
+// fails for ever once a write or sync of the image failed.
+func (h *imageHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	if err := h.oi.img.Flush(); err != nil {
+		return h.n.m.writeFailed(h.oi, -1, err)
+	}
+	return 0
+}
+
+var _ = (gofs.FileFlusher)((*imageHandle)(nil))
+
+// Flush (on every close of a descriptor) writes the image's dirty metadata
+// back.
+func (h *imageHandle) Flush(ctx context.Context) syscall.Errno {
+	if !h.write {
+		return 0
+	}
+	return h.Fsync(ctx, 0)
+}
+
+var _ = (gofs.FileAllocater)((*imageHandle)(nil))
+
+// Allocate is fallocate(2): PUNCH_HOLE|KEEP_SIZE discards (whole clusters
+// are freed, and the image file's space with them), ZERO_RANGE makes zero
+// clusters, mode 0 inside the disk is accepted (the range reads as before)
+// and past its end grows it.
+func (h *imageHandle) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
+	n := h.n
+	if !h.write {
+		return syscall.EBADF
+	}
+	img := h.oi.img
+	end := n.fileSize(h.oi)
+	o, l := int64(off), int64(size)
+	switch mode &^ unix.FALLOC_FL_KEEP_SIZE {
+	case unix.FALLOC_FL_PUNCH_HOLE:
+		if mode&unix.FALLOC_FL_KEEP_SIZE == 0 {
+			return syscall.EOPNOTSUPP // (Linux requires KEEP_SIZE with it)
+		}
+		if o >= end {
+			return 0
+		}
+		if err := img.Discard(n.start+o, min(l, end-o)); err != nil {
+			return n.m.writeFailed(h.oi, o, err)
+		}
+	case unix.FALLOC_FL_ZERO_RANGE:
+		if o+l > end && mode&unix.FALLOC_FL_KEEP_SIZE == 0 && n.part == 0 {
+			if err := img.Resize(roundUp(o+l, 512)); err != nil {
+				return n.m.writeFailed(h.oi, o, err)
+			}
+			end = n.fileSize(h.oi)
+		}
+		if o < end {
+			if err := img.WriteZeroes(n.start+o, min(l, end-o)); err != nil {
+				return n.m.writeFailed(h.oi, o, err)
+			}
+		}
+	case 0:
+		if o+l > end && mode&unix.FALLOC_FL_KEEP_SIZE == 0 {
+			if n.part != 0 {
+				return syscall.ENOSPC
+			}
+			if err := img.Resize(roundUp(o+l, 512)); err != nil {
+				return n.m.writeFailed(h.oi, o, err)
+			}
+		}
+	default:
+		return syscall.EOPNOTSUPP
+	}
+	n.m.usage.forget(h.oi.d)
+	return 0
+}
+
+func roundUp(n, to int64) int64 { return (n + to - 1) / to * to }
+
+var _ = (gofs.FileLseeker)((*imageHandle)(nil))
 
 var _ = (gofs.FileReleaser)((*imageHandle)(nil))
 
 // Release gives the handle's use of the image back.
 func (h *imageHandle) Release(ctx context.Context) syscall.Errno {
-	h.n.m.closeHandle(h.oi)
+	h.n.m.closeHandle(h.oi, h.write)
 	return 0
 }

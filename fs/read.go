@@ -42,13 +42,19 @@ func (m *mount) read(oi *openImage, dest []byte, off, limit int64) (fuse.ReadRes
 	}
 	size := min(int64(len(dest)), limit-off)
 	if m.cfg.ReadPath == ReadSplice {
+		// The pin lasts until the reply has gone to the kernel (Done):
+		// go-fuse splices after Read returns, and a host cluster freed
+		// and written again meanwhile must not reach this reply.
+		pin := img.Pin()
 		rr, err := spliceRead(img, off, size)
 		if err != nil {
+			pin.Release()
 			return nil, m.readFailed(oi, off, err)
 		}
 		if rr != nil {
-			return rr, 0
+			return pinned(rr, pin), 0
 		}
+		pin.Release()
 	}
 	n, err := img.ReadAt(dest[:size], off)
 	if err != nil && err != io.EOF {
@@ -56,6 +62,54 @@ func (m *mount) read(oi *openImage, dest []byte, off, limit int64) (fuse.ReadRes
 	}
 	return fuse.ReadResultData(dest[:n]), 0
 }
+
+// pinned returns rr with its Done releasing pin too. Splicing replies are
+// recognised by go-fuse by their methods (Seekable for one host range,
+// Stateful for a pipe), so the wrapper has the same.
+func pinned(rr fuse.ReadResult, pin qcow2.Pin) fuse.ReadResult {
+	switch r := rr.(type) {
+	case interface {
+		Seekable() (uintptr, int64, int)
+	}:
+		fd, off, sz := r.Seekable()
+		return &pinnedFd{ReadResult: rr, fd: fd, off: off, sz: sz, pin: pin}
+	case interface {
+		Stateful() (uintptr, int)
+		SpliceFlags() int
+	}:
+		return &pinnedPipe{ReadResult: rr, pin: pin}
+	default:
+		// Bytes in memory (zeros): nothing to keep.
+		pin.Release()
+		return rr
+	}
+}
+
+// pinnedFd is a reply spliced from one host range.
+type pinnedFd struct {
+	fuse.ReadResult
+	fd  uintptr
+	off int64
+	sz  int
+	pin qcow2.Pin
+}
+
+func (r *pinnedFd) Seekable() (uintptr, int64, int) { return r.fd, r.off, r.sz }
+func (r *pinnedFd) Done()                           { r.ReadResult.Done(); r.pin.Release() }
+
+// pinnedPipe is a reply gathered in a pipe.
+type pinnedPipe struct {
+	fuse.ReadResult
+	pin qcow2.Pin
+}
+
+func (r *pinnedPipe) Stateful() (uintptr, int) {
+	return r.ReadResult.(interface{ Stateful() (uintptr, int) }).Stateful()
+}
+func (r *pinnedPipe) SpliceFlags() int {
+	return r.ReadResult.(interface{ SpliceFlags() int }).SpliceFlags()
+}
+func (r *pinnedPipe) Done() { r.ReadResult.Done(); r.pin.Release() }
 
 // spliceRead answers [off, off+size) without copying when every extent of
 // it is stored as is in a host file or reads as zeros. It returns nil (and

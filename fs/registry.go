@@ -3,6 +3,7 @@ package fs
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -43,10 +44,12 @@ type openImage struct {
 
 	refs int // users; guarded by registry.mu
 
-	lockMu  sync.Mutex // guards handles and the locks
+	lockMu  sync.Mutex // guards handles, writers and the locks
 	handles int
+	writers int // handles open for writing: the writer's locks are held
 
-	failed atomic.Bool // a read failed; logged once
+	failed      atomic.Bool // a read failed; logged once
+	writeFailed atomic.Bool // a write failed; logged once
 }
 
 // acquire returns the open image of disk d (the image file at rel), opening
@@ -94,13 +97,30 @@ func (m *mount) release(oi *openImage) {
 	}
 }
 
-// openImage opens generation d.gen of the image file at rel, read-only and
-// without locks: the file is opened through the source root, and must
-// still be the file the disk names.
+// openImage opens generation d.gen of the image file at rel, without
+// locks: the file is opened through the source root, and must still be the
+// file the disk names. In a writable mount the image (not a snapshot, not
+// the backing file of another image) is opened for writing where it can
+// be; if it cannot, it opens read-only and says why (ReadOnlyReason).
 func (m *mount) openImage(d diskID, rel string) (*qcow2.Image, error) {
-	f, err := m.src.open(rel)
-	if err != nil {
-		return nil, err
+	writable := m.cfg.Writable && d.snap == 0
+	var why string
+	if writable {
+		if over := m.backingOf(d.key); over != "" {
+			writable, why = false, "it is the backing file of "+over+", which would change with it"
+		}
+	}
+	var f *os.File
+	var err error
+	if writable {
+		if f, err = m.src.openRW(rel); err != nil {
+			writable, why = false, "the daemon cannot open it for writing: "+err.Error()
+		}
+	}
+	if !writable {
+		if f, err = m.src.open(rel); err != nil {
+			return nil, err
+		}
 	}
 	var st syscall.Stat_t
 	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
@@ -117,15 +137,27 @@ func (m *mount) openImage(d diskID, rel string) (*qcow2.Image, error) {
 	}
 	opts := m.imageOptions()
 	opts.SnapshotIndex = d.snap
-	return qcow2.NewImage(hf, opts)
+	opts.Writable = writable
+	img, err := qcow2.NewImage(hf, opts)
+	if err != nil {
+		return nil, err
+	}
+	if m.cfg.Writable && d.snap == 0 && !img.Writable() {
+		if why == "" {
+			why = img.ReadOnlyReason()
+		}
+		m.noteReadOnly(m.src.abs(rel), why)
+	}
+	return img, nil
 }
 
 // openHandle acquires disk d for a FUSE handle: the image, locked like a
-// read-only qemu while any handle has it open. The file must still be in
+// read-only qemu while any handle has it open, and like a writing qemu
+// while a handle open for writing (write) has. The file must still be in
 // the generation the node stands for; if someone changed it since, the
 // open fails with ESTALE and the kernel looks the name up again, finding
 // a node for the new content.
-func (m *mount) openHandle(d diskID, rel string) (*openImage, error) {
+func (m *mount) openHandle(d diskID, rel string, write bool) (*openImage, error) {
 	oi, err := m.acquire(d, rel)
 	if err != nil {
 		return nil, err
@@ -140,6 +172,11 @@ func (m *mount) openHandle(d diskID, rel string) (*openImage, error) {
 	}
 	oi.lockMu.Lock()
 	defer oi.lockMu.Unlock()
+	if write && !oi.img.Writable() {
+		m.ids.closed(d.key, versionOf(&st))
+		m.release(oi)
+		return nil, syscall.EROFS
+	}
 	if oi.handles == 0 {
 		if err := oi.img.Lock(m.cfg.ForceShare); err != nil {
 			m.ids.closed(d.key, versionOf(&st))
@@ -147,15 +184,39 @@ func (m *mount) openHandle(d diskID, rel string) (*openImage, error) {
 			return nil, err
 		}
 	}
+	if write && oi.writers == 0 {
+		if err := oi.img.LockWrite(); err != nil {
+			if oi.handles == 0 {
+				oi.img.Unlock()
+			}
+			m.ids.closed(d.key, versionOf(&st))
+			m.release(oi)
+			return nil, err
+		}
+	}
 	oi.handles++
+	if write {
+		oi.writers++
+	}
 	return oi, nil
 }
 
 // closeHandle gives up a handle's use of oi, dropping the locks with the
-// last handle.
-func (m *mount) closeHandle(oi *openImage) {
+// last handle; the last handle open for writing flushes the image and
+// drops the writer's locks.
+func (m *mount) closeHandle(oi *openImage, write bool) {
 	oi.lockMu.Lock()
 	oi.handles--
+	if write {
+		oi.writers--
+		if oi.writers == 0 {
+			if err := oi.img.Flush(); err != nil {
+				m.log.Error("flushing the image after its last writer closed", "image", oi.path, "err", err)
+			}
+			oi.img.UnlockWrite()
+			m.usage.forget(oi.d)
+		}
+	}
 	if oi.handles == 0 {
 		oi.img.Unlock()
 	}
@@ -186,6 +247,40 @@ func (m *mount) imageOptions() qcow2.Options {
 	return o
 }
 
+// openNow returns disk d's open image if it is open now (nil otherwise),
+// without opening it or counting a use.
+func (m *mount) openNow(d diskID) *openImage {
+	r := &m.reg
+	r.mu.Lock()
+	oi := r.images[d.base()]
+	r.mu.Unlock()
+	if oi == nil {
+		return nil
+	}
+	select {
+	case <-oi.ready:
+		if oi.err == nil {
+			return oi
+		}
+	default:
+	}
+	return nil
+}
+
+// writeFailed logs a failed write, fsync or discard once per open image
+// (and every overlap: each one stops the image's writes), and maps the
+// error.
+func (m *mount) writeFailed(oi *openImage, off int64, err error) syscall.Errno {
+	switch {
+	case errors.Is(err, qcow2.ErrOverlap):
+		m.log.Error("write refused: it would overwrite the image's metadata; the image is marked corrupt and takes no more writes (qemu-img check -r all)", "image", oi.path, "offset", off, "err", err)
+	case errors.Is(err, qcow2.ErrNoSpace):
+	case !oi.writeFailed.Swap(true):
+		m.log.Error("write failed; writes since the last fsync may be lost, and every later fsync of this image fails; further errors are not logged", "image", oi.path, "offset", off, "err", err)
+	}
+	return errnoOf(err)
+}
+
 // readFailed logs a failed read once per open image, and maps the error.
 func (m *mount) readFailed(oi *openImage, off int64, err error) syscall.Errno {
 	if !oi.failed.Swap(true) {
@@ -204,6 +299,14 @@ func errnoOf(err error) syscall.Errno {
 		return 0
 	case errors.Is(err, qcow2.ErrLocked):
 		return syscall.EBUSY
+	case errors.Is(err, qcow2.ErrNoSpace):
+		return syscall.ENOSPC
+	case errors.Is(err, qcow2.ErrReadOnly), errors.Is(err, qcow2.ErrOverlap):
+		// (After an overlap the image is corrupt and takes no writes.)
+		if errors.Is(err, qcow2.ErrOverlap) {
+			return syscall.EIO
+		}
+		return syscall.EROFS
 	case errors.As(err, &errno):
 		return errno
 	default:

@@ -36,6 +36,9 @@ type Config struct {
 	// Hint, if set, names what would lift a refusal (a flag of the
 	// command line), for log lines; "" if nothing would.
 	Hint func(err error) string
+	// Writable makes the raw files of qcow2 images writable (their
+	// snapshots and plain files stay read-only).
+	Writable bool
 }
 
 // Timeouts the kernel may cache entries and attributes for. Folders can
@@ -66,8 +69,10 @@ type mount struct {
 
 	usage *usageTable // st_blocks of images, usage.go
 
-	refMu   sync.Mutex
-	refused map[string]error // images not shown, by path (status.go)
+	refMu    sync.Mutex
+	refused  map[string]error   // images not shown, by path (status.go)
+	readOnly map[string]string  // images of a writable mount shown read-only, and why
+	backing  map[fileKey]string // backing files of shown images, and which image reads them
 }
 
 // Root is the root folder of a mount: the source folder, or for a single
@@ -110,7 +115,7 @@ func NewRoot(cfg Config) (*Root, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &mount{cfg: cfg, log: cfg.Log, src: s, ids: newIdentities(), usage: newUsageTable(), refused: map[string]error{}}
+	m := &mount{cfg: cfg, log: cfg.Log, src: s, ids: newIdentities(), usage: newUsageTable(), refused: map[string]error{}, readOnly: map[string]string{}, backing: map[fileKey]string{}}
 	m.reg.images = map[diskID]*openImage{}
 	// Backing files must stay inside what the user mounted, plus
 	// whatever else the caller allows.
@@ -119,10 +124,17 @@ func NewRoot(cfg Config) (*Root, error) {
 	return &Root{dirNode: dirNode{m: m, only: only}}, nil
 }
 
-// Options returns go-fuse options suited to a read-only image mount.
-func Options() *gofs.Options {
+// Options returns go-fuse options suited to an image mount, read-only
+// unless writable.
+func Options(writable bool) *gofs.Options {
 	et, at := entryTimeout, dirAttrTimeout
 	neg := time.Duration(0)
+	flags := uintptr(syscall.MS_NOSUID | syscall.MS_NODEV)
+	opts := []string{"default_permissions"}
+	if !writable {
+		flags |= syscall.MS_RDONLY
+		opts = append(opts, "ro")
+	}
 	return &gofs.Options{
 		EntryTimeout:    &et,
 		AttrTimeout:     &at,
@@ -134,12 +146,13 @@ func Options() *gofs.Options {
 			FsName:      "qcowfs",
 			Name:        "qcowfs",
 			DirectMount: true,
-			// Read-only at the mount level too, as mount(8) shows it.
-			DirectMountFlags: syscall.MS_RDONLY | syscall.MS_NOSUID | syscall.MS_NODEV,
+			// Read-only at the mount level too, as mount(8) shows it,
+			// unless writable.
+			DirectMountFlags: flags,
 			MaxWrite:         maxRead,
 			MaxReadAhead:     maxRead,
 			MaxBackground:    64,
-			Options:          []string{"ro", "default_permissions"},
+			Options:          opts,
 		},
 	}
 }

@@ -50,10 +50,11 @@ type entry struct {
 
 // imageFacts is what validation learned of an image.
 type imageFacts struct {
-	size  int64 // virtual size
-	used  int64 // space its files take on the host: a first estimate of its data
-	snaps []snapFacts
-	table *partition.Table // partitions of the current disk; nil if none shown
+	writable bool  // the image can be written (in a writable mount)
+	size     int64 // virtual size
+	used     int64 // space its files take on the host: a first estimate of its data
+	snaps    []snapFacts
+	table    *partition.Table // partitions of the current disk; nil if none shown
 }
 
 type snapFacts struct {
@@ -151,6 +152,13 @@ func (d *dirNode) scan(name string) (*dirScan, error) {
 		}
 	} else if x := cur.names[name]; x != nil {
 		check = append(check, x.e)
+	} else {
+		// Not shown: it may be an image a qemu let go of since.
+		for _, e := range cur.entries {
+			if e.locked {
+				check = append(check, e)
+			}
+		}
 	}
 	changed := false
 	entries := cur.entries
@@ -304,7 +312,19 @@ func (m *mount) validate(e *entry, old *entry) {
 		m.log.Info("image shown again: no other process writes it now", "image", m.src.abs(e.rel))
 	}
 	img := oi.img
-	f := &imageFacts{size: img.Size(), used: min(img.AllocatedBytes(), img.Size())}
+	f := &imageFacts{size: img.Size(), used: min(img.AllocatedBytes(), img.Size()), writable: img.Writable()}
+	var chain []fileKey
+	for _, b := range img.Chain() {
+		if fd, ok := b.(interface{ Fd() uintptr }); ok {
+			var st syscall.Stat_t
+			if syscall.Fstat(int(fd.Fd()), &st) == nil {
+				chain = append(chain, keyOf(&st))
+			}
+		}
+	}
+	if len(chain) > 0 {
+		m.noteBacking(m.src.abs(e.rel), chain)
+	}
 	if !m.cfg.NoPartitions {
 		f.table = m.readPartitions(img, m.src.abs(e.rel))
 	}

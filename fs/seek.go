@@ -23,7 +23,7 @@ func (h *imageHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uin
 	n := h.n
 	img := h.oi.img
 	// The file is [n.start, end) of the disk.
-	end := min(n.start+n.size, img.Size())
+	end := min(n.start+n.fileSize(h.oi), img.Size())
 	if int64(off) < 0 || n.start+int64(off) >= end {
 		if whence == unix.SEEK_DATA || whence == unix.SEEK_HOLE {
 			return 0, syscall.ENXIO

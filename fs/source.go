@@ -94,6 +94,21 @@ func (s *source) open(rel string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), s.abs(rel)), nil
 }
 
+// openRW opens the regular file rel for reading and writing, under the
+// same rules as open.
+func (s *source) openRW(rel string) (*os.File, error) {
+	fd, err := s.openat2(rel, unix.O_RDWR|unix.O_NONBLOCK)
+	if err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "open", Path: s.abs(rel), Err: errors.New("not a regular file")}
+	}
+	return os.NewFile(uintptr(fd), s.abs(rel)), nil
+}
+
 // dir opens the folder rel.
 func (s *source) dir(rel string) (*os.File, error) {
 	fd, err := s.openat2(rel, unix.O_RDONLY|unix.O_DIRECTORY)

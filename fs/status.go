@@ -23,6 +23,41 @@ func (m *mount) noteRefusal(path string, err error) {
 	}
 }
 
+// noteReadOnly logs, once per image and reason, that an image of a
+// writable mount is shown read-only, and why.
+func (m *mount) noteReadOnly(path, why string) {
+	m.refMu.Lock()
+	old, seen := m.readOnly[path]
+	if !seen || old != why {
+		if len(m.readOnly) < maxIdentities {
+			m.readOnly[path] = why
+		}
+	}
+	m.refMu.Unlock()
+	if !seen || old != why {
+		m.log.Warn("image shown read-only", "image", path, "reason", why)
+	}
+}
+
+// noteBacking records that the files of img's backing chain are read by
+// the image at path: they are shown read-only.
+func (m *mount) noteBacking(path string, files []fileKey) {
+	m.refMu.Lock()
+	defer m.refMu.Unlock()
+	for _, k := range files {
+		if len(m.backing) < maxIdentities {
+			m.backing[k] = path
+		}
+	}
+}
+
+// backingOf returns the image the file k is a backing file of, or "".
+func (m *mount) backingOf(k fileKey) string {
+	m.refMu.Lock()
+	defer m.refMu.Unlock()
+	return m.backing[k]
+}
+
 // maxFirstScan bounds the folders the first scan walks.
 const maxFirstScan = 4096
 

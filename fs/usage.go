@@ -70,6 +70,24 @@ func (u *usageTable) request(v diskID, job usageJob) {
 	}
 }
 
+// forget drops what was counted for disk d and its partitions (it was
+// written), so that the estimate stands until the next count, which is
+// queued for the whole disk.
+func (u *usageTable) forget(d diskID) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for k := range u.bytes {
+		if k.base() == d.base() {
+			delete(u.bytes, k)
+		}
+	}
+	for k, n := range u.nodes {
+		if k.base() == d.base() {
+			go n.NotifyContent(-1, 0)
+		}
+	}
+}
+
 // watch remembers the node of v, to notify the kernel when v is counted.
 func (u *usageTable) watch(v diskID, n *gofs.Inode) {
 	u.mu.Lock()

@@ -426,7 +426,6 @@ func (w *writer) addMeta(off, n int64, k MetaKind) error {
 	return nil
 }
 
-
 func putWord(b []byte, v uint64) {
 	_ = b[7]
 	b[0], b[1], b[2], b[3] = byte(v>>56), byte(v>>48), byte(v>>40), byte(v>>32)

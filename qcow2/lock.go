@@ -127,3 +127,57 @@ func (img *Image) Unlock() {
 		}
 	}
 }
+
+const permResize = 3
+
+// LockWrite adds, on the image file and its data file, the locks of a
+// qemu that writes the image: the write and resize permissions (bytes 101
+// and 103), and refusing to share them (201, 203), after checking that no
+// other process holds or refuses them. Backing files keep their reader's
+// locks. Lock must have been called first; UnlockWrite undoes this.
+func (img *Image) LockWrite() error {
+	l := img.top
+	for _, hf := range []HostFile{l.file, l.dataFile} {
+		f := fileOf(hf)
+		if f == nil {
+			continue
+		}
+		for _, b := range []int64{lockSharedBase + permWrite, lockSharedBase + permResize,
+			lockPermBase + permWrite, lockPermBase + permResize} {
+			if err := testLock(f, b); err != nil {
+				return err
+			}
+		}
+		for _, b := range []int64{lockPermBase + permWrite, lockPermBase + permResize, lockSharedBase + permResize} {
+			if err := setLock(f, b); err != nil {
+				img.UnlockWrite()
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// UnlockWrite drops the locks LockWrite added, keeping a reader's.
+func (img *Image) UnlockWrite() {
+	l := img.top
+	for _, hf := range []HostFile{l.file, l.dataFile} {
+		if f := fileOf(hf); f != nil {
+			for _, off := range []int64{lockPermBase + permWrite, lockPermBase + permResize, lockSharedBase + permResize} {
+				lk := unix.Flock_t{Type: unix.F_UNLCK, Whence: 0, Start: off, Len: 1}
+				unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk)
+			}
+		}
+	}
+}
+
+// Chain returns the files of the image's backing chain below it (backing
+// files, in order), for a caller that must know which files the image
+// reads (and so must not write).
+func (img *Image) Chain() []HostFile {
+	var out []HostFile
+	for l := img.top.backing; l != nil; l = l.backing {
+		out = append(out, l.file)
+	}
+	return out
+}

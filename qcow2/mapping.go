@@ -105,7 +105,7 @@ func (l *layer) lookup(off, n int64) (run, error) {
 				host = h + pos&(cs-1)
 			}
 		}
-		if k == kindNormal && host >= l.dataSize() {
+		if k == kindNormal && e.hostOffset() >= l.dataSize() {
 			return run{}, &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
 				Msg: fmt.Sprintf("host cluster offset %#x is past the end of the data file (%d bytes)", e.hostOffset(), l.dataSize())}
 		}

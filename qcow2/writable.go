@@ -67,6 +67,7 @@ type writer struct {
 	freeHint      int64  // no free cluster below this index
 	fileEnd       int64  // the image file's size as the writer made it
 	dataEnd       int64  // the data file's size (external data files)
+	dataZeroFrom  int64  // and its size at open, rounded up to a cluster
 	dirtyTables   map[int64]*cacheEntry
 	dirtyBytes    int64
 	l1Dirty       bool
@@ -74,6 +75,7 @@ type writer struct {
 	pendingFree   []freeing
 	quarantine    []quarantined
 	headerCleaned bool // unknown autoclear bits cleared (once, at the first write)
+	modified      bool // something was written since the image was opened
 
 	hdrMu  sync.Mutex     // guards hdr0 (an overlap found without mu writes it)
 	hdr0   []byte         // the header's first sector as written
@@ -128,6 +130,7 @@ func openWriter(img *Image, f, df WritableFile) (*writer, error) {
 	if df != nil {
 		w.df = df
 		w.dataEnd = l.dataLen.Load()
+		w.dataZeroFrom = (w.dataEnd + l.clusterSize() - 1) &^ (l.clusterSize() - 1)
 	}
 	rt, err := l.refcountTable()
 	if err != nil {

@@ -67,10 +67,21 @@ func (w *writer) start() error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.modified = true
 	if w.headerCleaned {
 		return nil
 	}
 	w.headerCleaned = true
+	// Clusters in use may end past the end of the file (qemu leaves the
+	// last one cut short): the file covers them from now on, so that
+	// what is written in place there reads back (reads clip at the
+	// file's end). Likewise a data file covers the whole disk.
+	if err := w.reserveFile(w.end * w.l.clusterSize()); err != nil {
+		return err
+	}
+	if err := w.growDataFile(); err != nil {
+		return err
+	}
 	h := w.headerSector()
 	if w.l.hdr.Version < 3 {
 		return nil
@@ -492,7 +503,7 @@ func (img *Image) Resize(size int64) error {
 			return err
 		}
 		l.virtSize.Store(size)
-		return nil
+		return w.growDataFile()
 	}
 	// A new L1 table, all entries of the old one and zeros.
 	clusters := (need*8 + cs - 1) / cs
@@ -522,6 +533,9 @@ func (img *Image) Resize(size int64) error {
 	}
 	l.l1.Store(&l1Table{off: off, entries: entries[:need]})
 	l.virtSize.Store(size)
+	if err := w.growDataFile(); err != nil {
+		return err
+	}
 	// The header names the new table: the old one's clusters are free.
 	oldOff, oldLen := t.off, (t.len()*8+cs-1)/cs*cs
 	w.l.metaMap.Store(w.l.metaMap.Load().with(oldOff, oldOff+oldLen, 0))
@@ -533,12 +547,31 @@ func (img *Image) Resize(size int64) error {
 	return w.reclaim()
 }
 
+// growDataFile makes an external data file as large as the disk, so that
+// every guest offset lies inside it (a raw data file is a raw image of the
+// disk). The caller holds w.mu.
+func (w *writer) growDataFile() error {
+	l := w.l
+	if !l.external() || w.dataEnd >= l.vsize() {
+		return nil
+	}
+	if err := w.df.Truncate(l.vsize()); err != nil {
+		return w.fail(err)
+	}
+	w.dataEnd = l.vsize()
+	l.dataLen.Store(w.dataEnd)
+	return nil
+}
+
 // closeWriter writes everything back and leaves a clean image: dirty
 // metadata flushed, freed clusters' refcounts dropped and flushed too, the
 // file's growth ahead given back.
 func (w *writer) close() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if !w.modified {
+		return nil // never written: nothing to do, nothing to sync
+	}
 	if err := w.usable(); err != nil {
 		return err
 	}

@@ -126,7 +126,9 @@ func (w *writer) plan(g, idx int64, e l2Entry, a, b int64) (clusterPlan, error) 
 	case external:
 		// Data files hold guest cluster g at guest offset g*cs.
 		p.host = g * cs
-		p.zeroed = p.host >= w.dataEnd
+		// Past the data file's size at open it reads zeros until
+		// written (grown with truncate, or never reached).
+		p.zeroed = p.host >= w.dataZeroFrom
 	case owned:
 		if h := e.hostOffset(); h&(cs-1) != 0 {
 			return p, &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: -1,

@@ -123,7 +123,9 @@ func TestHelp(t *testing.T) {
 	args := []string{"mount"}
 	var opts []string
 	for f, ph := range flags {
-		if f == "help" || f == "options" || f == "foreground" {
+		// (--force-share and --writable exclude each other: the
+		// writable one stays.)
+		if f == "help" || f == "options" || f == "foreground" || f == "force-share" {
 			continue
 		}
 		if ph == "" {

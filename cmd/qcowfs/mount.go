@@ -29,11 +29,14 @@ type mountCmd struct {
 	AllowBackingOutside []string `placeholder:"DIR" sep:"none" help:"Also follow backing and data files that resolve inside DIR (repeat the flag for more folders). By default they must lie inside the source folder."`
 	AllowCorrupt        bool     `help:"Serve images qemu marked corrupt (read-only, with a warning in the log)."`
 	NoPartitions        bool     `help:"Do not show the folders of guest partitions (STEM.raw.parts/p1, ...)."`
-	ForceShare          bool     `short:"U" help:"Serve images that another process (a running qemu) has open for writing, like qemu-img -U; their content may change under the reader."`
+	ForceShare          bool     `short:"U" help:"Serve images that another process (a running qemu) has open for writing, like qemu-img -U; their content may change under the reader. Not with --writable."`
+	Writable            bool     `help:"Make the raw files of qcow2 images writable: writes, discards (fstrim), zeroing and growing go into the images, crash-safe (see Writing in the README). Snapshots, partitions of snapshots and plain files stay read-only."`
 	FSName              string   `name:"fsname" placeholder:"NAME" help:"What mount, df and findmnt show as the source (default: the source path)."`
 	Options             []string `short:"o" sep:"none" placeholder:"OPT,..." help:"${options_help}"`
 	// Fake is mount(8)'s -f: mount nothing.
 	Fake bool `hidden:"" help:"Mount nothing (mount -f)."`
+	// RO is the ro option: read-only, whatever else is given.
+	RO bool `name:"ro" hidden:"" help:"Read-only, even with --writable (-o ro)."`
 	// NoFail is the nofail option: a missing source is no error.
 	NoFail bool `name:"nofail" hidden:"" help:"A missing source is not an error (fstab nofail)."`
 }
@@ -138,6 +141,12 @@ func sourceMissing(err error) bool {
 // mounted, so that each mistake is a one-line message and nothing is left
 // half-mounted.
 func (c *mountCmd) preflight() error {
+	if c.RO {
+		c.Writable = false
+	}
+	if c.Writable && c.ForceShare {
+		return fmt.Errorf("--force-share cannot be used with --writable: writing an image that another process writes would corrupt it")
+	}
 	st, err := os.Stat(c.Source)
 	if err != nil {
 		return &errSourceMissing{err}

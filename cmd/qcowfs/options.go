@@ -18,7 +18,7 @@ import (
 
 // ignoredOptions are accepted and ignored, with why.
 var ignoredOptions = map[string]string{
-	"ro": "read-only", "rw": "the mount is read-only whatever it says", "defaults": "mount(8)'s defaults",
+	"rw": "the mount is read-only unless writable is given", "defaults": "mount(8)'s defaults",
 	"dev": "", "nodev": "", "suid": "", "nosuid": "", "exec": "", "noexec": "",
 	"auto": "", "noauto": "", "user": "", "nouser": "", "users": "", "owner": "", "group": "",
 	"_netdev": "", "comment": "",
@@ -134,6 +134,9 @@ func optionToFlag(o string, flags map[string]*kong.Flag) (string, error) {
 		return "", nil
 	case key == "nofail":
 		return "--nofail", nil
+	case key == "ro":
+		// ro wins over writable, wherever it comes.
+		return "--ro", nil
 	case key == "subtype":
 		if val != "qcowfs" {
 			return "", fmt.Errorf("option %s: the type stays fuse.qcowfs (qcowfs unmount and status find their mounts by it)", o)

@@ -51,6 +51,7 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 		Log:          logger,
 		ForceShare:   c.ForceShare,
 		NoPartitions: c.NoPartitions,
+		Writable:     c.Writable,
 		Hint:         refusalHint,
 	}
 	cfg.Image.Cache = qcow2.NewCache(int64(c.L2CacheSize), int64(c.CacheSize))
@@ -61,7 +62,7 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	if err != nil {
 		return err
 	}
-	opts := fs.Options()
+	opts := fs.Options(c.Writable)
 	opts.AllowOther = c.AllowOther
 	opts.Debug = c.Debug
 	opts.Logger = log.New(dest.out, "", log.LstdFlags)

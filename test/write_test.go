@@ -1,0 +1,397 @@
+package test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/qcowfs/qcowfs/test/qemu"
+)
+
+// applyThrough applies op to the raw file f of a writable mount, the way
+// programs do: pwrite, fallocate (punch, zero range), ftruncate, fsync.
+var logMount *mount
+
+func applyThrough(t *testing.T, f *os.File, op qemu.Op) {
+	t.Helper()
+	fd := int(f.Fd())
+	var err error
+	switch op.Kind {
+	case qemu.OpWrite:
+		var n int
+		n, err = unix.Pwrite(fd, op.Data(), op.Off)
+		if err == nil && int64(n) != op.Len {
+			err = fmt.Errorf("short write: %d of %d", n, op.Len)
+		}
+	case qemu.OpDiscard:
+		err = unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, op.Off, op.Len)
+	case qemu.OpZero:
+		err = unix.Fallocate(fd, unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE, op.Off, op.Len)
+	case qemu.OpResize:
+		err = unix.Ftruncate(fd, op.Off)
+	case qemu.OpFlush:
+		err = f.Sync()
+	}
+	if err != nil {
+		if logMount != nil {
+			t.Log(logMount.logText(t))
+		}
+		t.Fatalf("%v through the mount: %v", op, err)
+	}
+}
+
+func fileSHA(t *testing.T, path string) [32]byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sha256.Sum256(b)
+}
+
+// qemuCheckClean runs qemu-img check: no errors, no leaks, no corruption.
+func qemuCheckClean(t *testing.T, path string) {
+	t.Helper()
+	out, err := exec.Command("qemu-img", "check", "--output=json", path).Output()
+	var res struct {
+		CheckErrors int `json:"check-errors"`
+		Corruptions int `json:"corruptions"`
+		Leaks       int `json:"leaks"`
+	}
+	if jerr := json.Unmarshal(out, &res); jerr != nil || err != nil || res.CheckErrors+res.Corruptions+res.Leaks != 0 {
+		human, _ := exec.Command("qemu-img", "check", path).CombinedOutput()
+		t.Fatalf("qemu-img check %s: %v %v %+v\n%s", path, err, jerr, res, human)
+	}
+}
+
+// TestWriteThroughMount applies the write matrix's operations through a
+// real writable mount: pwrite, fallocate punch and zero range, ftruncate
+// and fsync on the raw files, several images open at once. After unmount:
+// qemu-img check finds no errors and no leaks, qemu-img convert equals the
+// raw model, snapshots and backing files are unchanged, and discarded or
+// zeroed clusters are zero in qemu-img map.
+func TestWriteThroughMount(t *testing.T) {
+	requireFUSE(t)
+	src := qemu.TempDir(t)
+	work := t.TempDir()
+	images := qemu.WriteMatrix(t, src)
+	type state struct {
+		im     qemu.WriteImage
+		f      *os.File
+		model  []byte
+		ops    []qemu.Op
+		keep   map[string][32]byte
+		snaps  map[string][]byte
+		zeroed map[int64]bool
+	}
+	var all []*state
+	for _, im := range images {
+		s := &state{im: im, keep: map[string][32]byte{}, snaps: map[string][]byte{}, zeroed: map[int64]bool{}}
+		for _, k := range im.Keep {
+			s.keep[k] = fileSHA(t, k)
+		}
+		for _, sn := range im.Snapshots {
+			p := filepath.Join(work, im.Name+"@"+sn)
+			qemu.Img(t, "convert", "-l", "snapshot.name="+sn, "-O", "raw", im.Path, p)
+			s.snaps[sn], _ = os.ReadFile(p)
+		}
+		var err error
+		if s.model, err = os.ReadFile(qemu.ToRaw(t, im.Path, filepath.Join(work, im.Name+".before"))); err != nil {
+			t.Fatal(err)
+		}
+		h := fnv.New64a()
+		h.Write([]byte("mount " + im.Name))
+		s.ops = qemu.Ops(h.Sum64(), 40, int64(len(s.model)), im.ClusterSize)
+		all = append(all, s)
+	}
+
+	m := mountImages(t, src, "--writable", racyMount)
+	logMount = m
+	for _, s := range all {
+		p := filepath.Join(m.Dir, s.im.Name+".raw")
+		st, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm()&0o200 == 0 {
+			t.Fatalf("%s is not writable in a writable mount: %v", p, st.Mode())
+		}
+		if s.f, err = os.OpenFile(p, os.O_RDWR, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Interleaved: every image has a file open for writing throughout.
+	for i := 0; i < 40; i++ {
+		for _, s := range all {
+			op := s.ops[i]
+			applyThrough(t, s.f, op)
+			s.model = op.Apply(s.model)
+			cs := s.im.ClusterSize
+			switch op.Kind {
+			case qemu.OpWrite:
+				for c := op.Off / cs; c <= (op.Off+op.Len-1)/cs; c++ {
+					delete(s.zeroed, c)
+				}
+			case qemu.OpDiscard, qemu.OpZero:
+				for c := (op.Off + cs - 1) / cs; (c+1)*cs <= op.Off+op.Len; c++ {
+					s.zeroed[c] = true
+				}
+			}
+		}
+	}
+	for _, s := range all {
+		// What the mount reads now is the model too (the kernel's page
+		// cache, and reads through the daemon after it).
+		got, err := os.ReadFile(filepath.Join(m.Dir, s.im.Name+".raw"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i := firstDiff(got, s.model); i >= 0 {
+			t.Errorf("%s: the mount reads differently from the model at byte %d", s.im.Name, i)
+		}
+		if err := s.f.Close(); err != nil {
+			t.Errorf("%s: close: %v", s.im.Name, err)
+		}
+	}
+	m.unmount(t)
+
+	for _, s := range all {
+		t.Run(s.im.Name, func(t *testing.T) {
+			qemuCheckClean(t, s.im.Path)
+			got, err := os.ReadFile(qemu.ToRaw(t, s.im.Path, filepath.Join(work, s.im.Name+".after")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i := firstDiff(got, s.model); i >= 0 {
+				t.Fatalf("qemu-img convert differs from the model at byte %d", i)
+			}
+			for k, want := range s.keep {
+				if fileSHA(t, k) != want {
+					t.Errorf("backing file %s changed", k)
+				}
+			}
+			for sn, want := range s.snaps {
+				p := filepath.Join(work, s.im.Name+"@"+sn+".after")
+				qemu.Img(t, "convert", "-l", "snapshot.name="+sn, "-O", "raw", s.im.Path, p)
+				b, _ := os.ReadFile(p)
+				if len(b) < len(want) || !bytes.Equal(b[:len(want)], want) || strings.Trim(string(b[len(want):]), "\x00") != "" {
+					t.Errorf("snapshot %s reads differently after the writes", sn)
+				}
+			}
+			if s.im.V2 && s.im.Backed {
+				return // zeros over a backing file are written data there
+			}
+			for _, e := range qemu.Map(t, s.im.Path) {
+				for c := e.Start / s.im.ClusterSize; c < (e.Start+e.Length)/s.im.ClusterSize; c++ {
+					if s.zeroed[c] && (e.Data || !e.Zero) {
+						t.Errorf("cluster %d was discarded or zeroed last, qemu-img map says %+v", c, e)
+						break
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestWritableMountRules: in a writable mount, snapshots, plain files and
+// the backing file of another image stay read-only (EROFS), images that
+// cannot be written safely are shown read-only with a log line and stay
+// unchanged, O_TRUNC and shrinking are refused, and without --writable
+// nothing is writable.
+func TestWritableMountRules(t *testing.T) {
+	requireFUSE(t)
+	src := qemu.TempDir(t)
+	img := filepath.Join(src, "vm.qcow2")
+	qemu.Create(t, "qcow2", img, "8M")
+	qemu.IO(t, img, "write -P 0x31 0 1M")
+	qemu.Img(t, "snapshot", "-c", "snap", img)
+	base := filepath.Join(src, "base.qcow2")
+	qemu.Create(t, "qcow2", base, "8M")
+	qemu.Create(t, "qcow2", filepath.Join(src, "over.qcow2"), "8M", "-b", "base.qcow2", "-F", "qcow2")
+	dirty := filepath.Join(src, "dirty.qcow2")
+	qemu.Create(t, "qcow2", dirty, "8M", "-o", "lazy_refcounts=on")
+	qemu.SetIncompatible(t, dirty, 1)
+	bitmaps := filepath.Join(src, "bitmaps.qcow2")
+	qemu.Create(t, "qcow2", bitmaps, "8M")
+	qemu.Img(t, "bitmap", "--add", bitmaps, "b0")
+	os.WriteFile(filepath.Join(src, "notes.txt"), []byte("hello\n"), 0o644)
+	before := map[string][32]byte{}
+	for _, p := range []string{base, dirty, bitmaps} {
+		before[p] = fileSHA(t, p)
+	}
+
+	ro := mountImages(t, src)
+	if _, err := os.OpenFile(filepath.Join(ro.Dir, "vm.raw"), os.O_RDWR, 0); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("a read-only mount opens vm.raw for writing: %v", err)
+	}
+	ro.unmount(t)
+
+	m := mountImages(t, src, "--writable")
+	for name, want := range map[string]syscall.Errno{
+		"vm@snap.raw": syscall.EROFS, "notes.txt": syscall.EROFS, "base.raw": syscall.EROFS,
+		"dirty.raw": syscall.EROFS, "bitmaps.raw": syscall.EROFS,
+	} {
+		f, err := os.OpenFile(filepath.Join(m.Dir, name), os.O_WRONLY, 0)
+		if err == nil {
+			f.Close()
+		}
+		if !errors.Is(err, want) {
+			t.Errorf("open %s for writing: %v, want %v", name, err, want)
+		}
+		if st, err := os.Stat(filepath.Join(m.Dir, name)); err == nil && st.Mode().Perm()&0o222 != 0 {
+			t.Errorf("%s shows write permission %v", name, st.Mode())
+		}
+	}
+	// The writable ones really are.
+	for _, name := range []string{"vm.raw", "over.raw"} {
+		f, err := os.OpenFile(filepath.Join(m.Dir, name), os.O_RDWR, 0)
+		if err != nil {
+			t.Errorf("open %s for writing: %v", name, err)
+			continue
+		}
+		if _, err := f.WriteAt([]byte("hi"), 4096); err != nil {
+			t.Errorf("write %s: %v", name, err)
+		}
+		// Shrinking fails and changes nothing.
+		if err := f.Truncate(1 << 20); !errors.Is(err, syscall.EPERM) {
+			t.Errorf("shrinking %s: %v, want EPERM", name, err)
+		}
+		if st, _ := f.Stat(); st.Size() != 8<<20 {
+			t.Errorf("%s is %d bytes after a refused shrink", name, st.Size())
+		}
+		f.Close()
+	}
+	if _, err := os.OpenFile(filepath.Join(m.Dir, "vm.raw"), os.O_RDWR|os.O_TRUNC, 0); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("open with O_TRUNC: %v, want EPERM", err)
+	}
+	log := m.logText(t)
+	for _, want := range []string{"base.qcow2", "dirty.qcow2", "bitmaps.qcow2"} {
+		if !strings.Contains(log, "image shown read-only") || countLines(log, "image shown read-only") < 3 || !strings.Contains(log, want) {
+			t.Errorf("the log does not say %s is shown read-only:\n%s", want, log)
+		}
+	}
+	m.unmount(t)
+	for p, want := range before {
+		if fileSHA(t, p) != want {
+			t.Errorf("%s changed, though it was shown read-only", p)
+		}
+	}
+	qemuCheckClean(t, img)
+	qemuCheckClean(t, filepath.Join(src, "over.qcow2"))
+}
+
+// TestWriteLocks: while a raw file is open for writing, qemu cannot open
+// the image at all without -U (qemu's own lock errors), qemu-img info -U
+// still can; and while qemu-io has the image open, qcowfs cannot open it
+// for writing (EBUSY), though it can for reading only when qemu shares.
+func TestWriteLocks(t *testing.T) {
+	requireFUSE(t)
+	src := qemu.TempDir(t)
+	img := filepath.Join(src, "vm.qcow2")
+	qemu.Create(t, "qcow2", img, "8M")
+	m := mountImages(t, src, "--writable")
+	raw := filepath.Join(m.Dir, "vm.raw")
+	f, err := os.OpenFile(raw, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("data"), 0); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("qemu-io", "-f", "qcow2", "-c", "write 0 4k", img).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `lock`) {
+		t.Errorf("qemu-io writing an image open for writing in the mount: %v, %s; want qemu's lock error", err, out)
+	}
+	out, err = exec.Command("qemu-img", "info", img).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `Failed to get shared "write" lock`) {
+		t.Errorf("qemu-img info of an image being written: %v, %s; want qemu's shared write lock error", err, out)
+	}
+	if out, err := exec.Command("qemu-img", "info", "-U", img).CombinedOutput(); err != nil {
+		t.Errorf("qemu-img info -U: %v, %s", err, out)
+	}
+	f.Close()
+
+	// The other way round.
+	waitFor(t, "the write locks to go with the last close", 5*1e9, func() bool {
+		return exec.Command("qemu-img", "info", img).Run() == nil
+	})
+	release := holdOpen(t, img)
+	// (An image a qemu writes is not even shown: ENOENT, unless the
+	// kernel still has the name, then EBUSY.)
+	if f, err := os.OpenFile(raw, os.O_RDWR, 0); !errors.Is(err, syscall.EBUSY) && !errors.Is(err, syscall.ENOENT) {
+		if err == nil {
+			f.Close()
+		}
+		t.Errorf("open for writing while qemu-io has the image: %v, want EBUSY or ENOENT", err)
+	}
+	release()
+	f, err = os.OpenFile(raw, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatalf("open for writing after qemu let go: %v", err)
+	}
+	f.Close()
+	m.unmount(t)
+	qemuCheckClean(t, img)
+}
+
+// TestOverlapRefused: an image whose L2 entry points into its own refcount
+// table (made by hand) cannot be written there: the write fails with EIO,
+// the corrupt bit is set as qemu would set it, later writes fail too, and
+// the refcount table is intact.
+func TestOverlapRefused(t *testing.T) {
+	requireFUSE(t)
+	src := qemu.TempDir(t)
+	img := filepath.Join(src, "bad.qcow2")
+	qemu.Create(t, "qcow2", img, "8M")
+	qemu.IO(t, img, "write -P 0x41 0 64k")
+	reft := int64(qemu.ReadU(t, img, qemu.HeaderRefcountTableOffset, 8))
+	at, entry := qemu.L2EntryOffset(t, img, 0)
+	// The data cluster of guest cluster 0 becomes the refcount table's
+	// cluster, keeping COPIED (so a write would go there in place).
+	qemu.PatchU(t, img, at, 8, entry&^qemu.OffsetMask|uint64(reft))
+	tableBefore := make([]byte, 65536)
+	rf, _ := os.Open(img)
+	rf.ReadAt(tableBefore, reft)
+	rf.Close()
+
+	m := mountImages(t, src, "--writable", "--log-level=info")
+	f, err := os.OpenFile(filepath.Join(m.Dir, "bad.raw"), os.O_RDWR|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	alignedBuf := buf
+	if _, err := f.WriteAt(alignedBuf, 0); !errors.Is(err, syscall.EIO) {
+		t.Errorf("a write into the refcount table: %v, want EIO", err)
+	}
+	if _, err := f.WriteAt(alignedBuf, 1<<20); !errors.Is(err, syscall.EIO) {
+		t.Errorf("a later write elsewhere: %v, want EIO (the image is corrupt now)", err)
+	}
+	f.Close()
+	m.unmount(t)
+	info := qemu.Info(t, img)
+	if fs, _ := info["format-specific"].(map[string]any); fs == nil || fs["data"].(map[string]any)["corrupt"] != true {
+		t.Errorf("qemu-img info does not say corrupt: %v", info["format-specific"])
+	}
+	after := make([]byte, 65536)
+	rf, _ = os.Open(img)
+	rf.ReadAt(after, reft)
+	rf.Close()
+	if !bytes.Equal(after, tableBefore) {
+		t.Error("the refcount table changed")
+	}
+	if !strings.Contains(m.logText(t), "would overwrite the image's metadata") {
+		t.Errorf("no log line about the overlap:\n%s", m.logText(t))
+	}
+}
