@@ -19,9 +19,9 @@ func TestPrepareArgs(t *testing.T) {
 		{[]string{"qcowfs", "mount", "a", "b"}, []string{"qcowfs", "mount", "a", "b"}},
 		{[]string{"qcowfs", "info", "x.qcow2"}, []string{"qcowfs", "info", "x.qcow2"}},
 		// mount.fuse3 runs "qcowfs SRC MNT -o OPTS".
-		{[]string{"qcowfs", "/src", "/mnt", "-o", "ro,allow_other,dev,suid"}, []string{"qcowfs", "mount", "/src", "/mnt", "--allow-other"}},
+		{[]string{"qcowfs", "/src", "/mnt", "-o", "ro,allow_other,dev,suid"}, []string{"qcowfs", "mount", "/src", "/mnt", "--ro", "--allow-other"}},
 		// mount(8) runs /sbin/mount.qcowfs SRC MNT [-sfnv] [-o OPTS] [-t TYPE].
-		{[]string{"/sbin/mount.qcowfs", "/src", "/mnt", "-n", "-o", "ro", "-t", "fuse.qcowfs"}, []string{"/sbin/mount.qcowfs", "mount", "/src", "/mnt"}},
+		{[]string{"/sbin/mount.qcowfs", "/src", "/mnt", "-n", "-o", "ro", "-t", "fuse.qcowfs"}, []string{"/sbin/mount.qcowfs", "mount", "/src", "/mnt", "--ro"}},
 		{[]string{"/sbin/mount.qcowfs", "/src", "/mnt", "-f"}, []string{"/sbin/mount.qcowfs", "mount", "/src", "/mnt", "--fake"}},
 		// A source in the working folder, named without a slash.
 		{[]string{"qcowfs", filepath.Base(dir), "m"}, []string{"qcowfs", "mount", filepath.Base(dir), "m"}},
