@@ -178,6 +178,10 @@ func (m *mount) fillAttr(a *fuse.Attr, x *shown) (final bool) {
 	used, counted := m.usage.get(x.disk())
 	if !counted {
 		used = x.used()
+		if oi := m.openNow(x.disk()); oi != nil && oi.img.Writable() {
+			// Being written: the host allocation now.
+			used = min(oi.img.AllocatedBytes(), x.size)
+		}
 	}
 	a.Blocks = (uint64(used) + 511) / 512
 	a.Nlink = 1

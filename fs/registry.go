@@ -214,7 +214,7 @@ func (m *mount) closeHandle(oi *openImage, write bool) {
 				m.log.Error("flushing the image after its last writer closed", "image", oi.path, "err", err)
 			}
 			oi.img.UnlockWrite()
-			m.usage.forget(oi.d)
+			m.usage.recount(oi.d)
 		}
 	}
 	if oi.handles == 0 {

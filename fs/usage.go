@@ -24,7 +24,9 @@ type usageTable struct {
 	mu      sync.Mutex
 	bytes   map[diskID]int64       // exact data bytes, once counted
 	pending map[diskID]usageJob    // queued or being counted
+	jobs    map[diskID]usageJob    // every disk asked for, to count again after writes
 	nodes   map[diskID]*gofs.Inode // the node to notify, if looked up
+	written map[diskID]bool        // whole disks written since last counted
 	queue   chan diskID
 }
 
@@ -32,15 +34,21 @@ func newUsageTable() *usageTable {
 	return &usageTable{
 		bytes:   map[diskID]int64{},
 		pending: map[diskID]usageJob{},
+		jobs:    map[diskID]usageJob{},
 		nodes:   map[diskID]*gofs.Inode{},
+		written: map[diskID]bool{},
 		queue:   make(chan diskID, 1024),
 	}
 }
 
-// get returns the counted data bytes of v, if known.
+// get returns the counted data bytes of v, if known and not outdated by
+// writes.
 func (u *usageTable) get(v diskID) (int64, bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	if u.written[v.base()] {
+		return 0, false
+	}
 	n, ok := u.bytes[v]
 	return n, ok
 }
@@ -57,6 +65,10 @@ type usageJob struct {
 func (u *usageTable) request(v diskID, job usageJob) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	if len(u.jobs) >= maxUsageEntries {
+		clear(u.jobs)
+	}
+	u.jobs[v] = job
 	if _, ok := u.bytes[v]; ok {
 		return
 	}
@@ -70,21 +82,43 @@ func (u *usageTable) request(v diskID, job usageJob) {
 	}
 }
 
-// forget drops what was counted for disk d and its partitions (it was
-// written), so that the estimate stands until the next count, which is
-// queued for the whole disk.
+// forget marks disk d (and its partitions) written: its count no longer
+// holds, and an estimate stands until recount. Only the first write after
+// a count does anything.
 func (u *usageTable) forget(d diskID) {
+	b := d.base()
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	for k := range u.bytes {
-		if k.base() == d.base() {
-			delete(u.bytes, k)
+	if u.written[b] {
+		return
+	}
+	u.written[b] = true
+	for k, n := range u.nodes {
+		if k.base() == b {
+			go n.NotifyContent(-1, 0) // attributes only
 		}
 	}
-	for k, n := range u.nodes {
-		if k.base() == d.base() {
-			go n.NotifyContent(-1, 0)
+}
+
+// recount counts disk d and its partitions again, after writes.
+func (u *usageTable) recount(d diskID) {
+	b := d.base()
+	u.mu.Lock()
+	delete(u.written, b)
+	var again []diskID
+	for k := range u.jobs {
+		if k.base() == b {
+			delete(u.bytes, k)
+			again = append(again, k)
 		}
+	}
+	jobs := make([]usageJob, len(again))
+	for i, k := range again {
+		jobs[i] = u.jobs[k]
+	}
+	u.mu.Unlock()
+	for i, k := range again {
+		u.request(k, jobs[i])
 	}
 }
 
