@@ -197,12 +197,12 @@ func FuzzSnapshotTable(f *testing.F) {
 		h := &Header{ClusterBits: 16, Size: 1 << 30, NbSnapshots: n % (maxSnapshots + 1)}
 		file := append(make([]byte, 65536), table...)
 		h.SnapshotsOffset = 65536
-		snaps, _, err := readSnapshots(&metaFile{f: ReaderFile(bytes.NewReader(file), int64(len(file)), "fuzz"), size: int64(len(file)), clusterSize: h.ClusterSize()}, h)
+		snaps, _, err := readSnapshots(&metaFile{f: ReaderFile(bytes.NewReader(file), int64(len(file)), "fuzz"), size: int64(len(file)), clusterSize: h.ClusterSize()}, h, 1<<30, newCharge(NewBudget(DefaultBudget), "fuzz"))
 		if err != nil {
 			return
 		}
 		for _, s := range snaps {
-			if s.L1Size > 0 && s.L1TableOffset+uint64(s.L1Size)*8 > uint64(len(file)) {
+			if s.Err == nil && s.L1Size > 0 && s.L1TableOffset+uint64(s.L1Size)*8 > uint64(len(file)) {
 				t.Fatalf("accepted a snapshot L1 table past the end: %+v", s)
 			}
 		}

@@ -54,6 +54,11 @@ type Options struct {
 	// ever read, so this cannot make them worse.
 	AllowCorrupt bool
 
+	// Budget bounds the memory of the structures read from image files
+	// (budget.go). Share one between all images of a mount. Nil means a
+	// private budget of DefaultBudget bytes.
+	Budget *Budget
+
 	// Warnf, if set, receives warnings that do not stop the image from
 	// opening (a backing file whose format had to be probed, a dirty
 	// image, ...).
@@ -104,6 +109,7 @@ type layer struct {
 	cache         *Cache
 	owner         uint64
 	decomp        *decompressor
+	budget        *charge // memory held for this file's structures (budget.go)
 
 	// Read lazily, each guarded by its Once.
 	refs         refcounts
@@ -141,6 +147,9 @@ func Open(path string, opts Options) (*Image, error) {
 func NewImage(f HostFile, opts Options) (*Image, error) {
 	if opts.Cache == nil {
 		opts.Cache = NewCache(DefaultCacheSize, DefaultClusterCacheSize)
+	}
+	if opts.Budget == nil {
+		opts.Budget = NewBudget(DefaultBudget)
 	}
 	if opts.MaxChainDepth <= 0 {
 		opts.MaxChainDepth = DefaultMaxChainDepth
@@ -193,6 +202,9 @@ func (l *layer) close() error {
 	if m := l.host.Load(); m != nil {
 		m.Close()
 	}
+	if l.budget != nil {
+		l.budget.close()
+	}
 	if ra := l.ra.Load(); ra != nil {
 		ra.Close()
 	}
@@ -224,13 +236,14 @@ func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
 		file:        f,
 		meta:        metaFile{f: f, size: size, clusterSize: h.ClusterSize()},
 		fileSize:    size,
-		size:        int64(h.Size),
+		size:        virtualSize(h.Size),
 		depth:       depth,
 		hdr:         h,
 		clusterBits: uint(h.ClusterBits),
 		extendedL2:  h.ExtendedL2(),
 		cache:       opts.Cache,
 		owner:       opts.Cache.newOwner(),
+		budget:      newCharge(opts.Budget, name),
 	}
 	l.scBits = l.clusterBits
 	if l.extendedL2 {
@@ -240,7 +253,8 @@ func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
 	l.decomp = newDecompressor(h.CompressionType, l.clusterSize())
 
 	if depth == 0 {
-		if l.snapshots, l.snapTableSize, err = readSnapshots(&l.meta, h); err != nil {
+		if l.snapshots, l.snapTableSize, err = readSnapshots(&l.meta, h, l.size, l.budget); err != nil {
+			l.budget.close()
 			return nil, err
 		}
 	}
@@ -258,9 +272,14 @@ func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
 				return nil, fmt.Errorf("%s: no snapshot with ID or name %q", name, opts.Snapshot)
 			}
 		}
+		if s.Err != nil {
+			l.budget.close()
+			return nil, fmt.Errorf("cannot open the snapshot: %w", s.Err)
+		}
 		l1Off, l1Size, l.size = int64(s.L1TableOffset), s.L1Size, s.Size
 	}
 	if err := l.loadL1(l1Off, l1Size, !opts.LenientTables); err != nil {
+		l.budget.close()
 		return nil, err
 	}
 	return l, nil
@@ -272,6 +291,9 @@ func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
 // inside the file, so that a bad entry is refused at open rather than
 // found by a read.
 func (l *layer) loadL1(l1Off int64, l1Size uint32, check bool) error {
+	if err := l.budget.add(int64(l1Size)*8, "L1 table"); err != nil {
+		return err
+	}
 	entries, err := l.meta.words(l1Off, int64(l1Size), "L1 table")
 	if err != nil {
 		return err
