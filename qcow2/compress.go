@@ -37,6 +37,21 @@ import (
 // compressedRange decodes the host byte range of a compressed entry.
 func (l *layer) compressedRange(e l2Entry) (off, size int64) { return e.compressedRange(l.clusterBits) }
 
+// checkCompressed fails when the compressed stream of entry e (found at
+// entryOff) lies past the end of the file or in the image's metadata.
+func (l *layer) checkCompressed(e l2Entry, entryOff int64) error {
+	if l.external() {
+		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
+			Msg: "compressed cluster in an image with an external data file"}
+	}
+	coff, csize := l.compressedRange(e)
+	if coff >= l.fileSize {
+		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
+			Msg: fmt.Sprintf("compressed cluster at byte offset %d is past the end of the file (%d bytes)", coff, l.fileSize)}
+	}
+	return l.checkNotMetadata(coff, min(csize, l.fileSize-coff), e, entryOff)
+}
+
 // decompressor decompresses whole clusters of one layer, reusing decoder
 // state and input buffers through pools.
 type decompressor struct {
