@@ -78,6 +78,7 @@ type Image struct {
 	indexOnce sync.Once
 	idx       *holeIndex // see holes.go
 	snapshots []Snapshot
+	warnf     func(format string, args ...any) // Options.Warnf
 }
 
 // layer is one file of a backing chain: a qcow2 image or a raw file.
@@ -109,7 +110,8 @@ type layer struct {
 	cache         *Cache
 	owner         uint64
 	decomp        *decompressor
-	budget        *charge // memory held for this file's structures (budget.go)
+	budget        *charge                          // memory held for this file's structures (budget.go)
+	warnf         func(format string, args ...any) // Options.Warnf; may be nil
 
 	// Read lazily, each guarded by its Once.
 	refs         refcounts
@@ -166,7 +168,7 @@ func NewImage(f HostFile, opts Options) (*Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Image{top: top, cache: opts.Cache, snapshots: top.snapshots}, nil
+	return &Image{top: top, cache: opts.Cache, snapshots: top.snapshots, warnf: opts.Warnf}, nil
 }
 
 // Size returns the virtual disk size in bytes.
@@ -244,6 +246,7 @@ func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
 		cache:       opts.Cache,
 		owner:       opts.Cache.newOwner(),
 		budget:      newCharge(opts.Budget, name),
+		warnf:       opts.Warnf,
 	}
 	l.scBits = l.clusterBits
 	if l.extendedL2 {

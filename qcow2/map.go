@@ -1,5 +1,7 @@
 package qcow2
 
+import "context"
+
 // MapEntry is one extent as `qemu-img map --output=json` prints it.
 type MapEntry struct {
 	Start      int64  `json:"start"`
@@ -29,8 +31,19 @@ func (e *MapEntry) mergeable(next *MapEntry) bool {
 // Map calls fn with the image's map, extent by extent, merged the way
 // qemu-img map merges them, from offset 0 to the end of the disk.
 func (img *Image) Map(fn func(MapEntry) error) error {
+	return img.MapContext(context.Background(), fn)
+}
+
+// MapContext is Map, stopping with ctx's error when ctx is done. Its work
+// is what its output is: one extent lookup per entry before merging.
+func (img *Image) MapContext(ctx context.Context, fn func(MapEntry) error) error {
 	var cur MapEntry
-	for off := int64(0); off < img.Size(); {
+	for n, off := 0, int64(0); off < img.Size(); n++ {
+		if n&1023 == 1023 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
 		e, err := img.Extent(off, img.Size()-off)
 		if err != nil {
 			return err

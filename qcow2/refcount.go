@@ -3,7 +3,6 @@ package qcow2
 import (
 	"fmt"
 	"sync"
-	"syscall"
 )
 
 // Refcounts (specification, "Host cluster management").
@@ -101,32 +100,9 @@ func blockRefcount(words *table, i, width int64) uint64 {
 
 // metadataPreallocated tells, like qemu's
 // qcow2_detect_metadata_preallocation, whether the image looks made with
-// preallocation=metadata: clusters in use (refcount > 0) number at least
-// max(10/9 of the clusters the host file really allocates, those plus
-// two). qemu's block status then asks the host file whether allocated
-// clusters hold data; so does Extent.
+// preallocation=metadata (prealloc.go). qemu's block status then asks the
+// host file whether allocated clusters hold data; so does Extent.
 func (l *layer) metadataPreallocated() bool {
-	l.preallocOnce.Do(func() {
-		var st syscall.Stat_t
-		f := fileOf(l.file)
-		if f == nil || syscall.Fstat(int(f.Fd()), &st) != nil {
-			return
-		}
-		cs := l.clusterSize()
-		realClusters := st.Blocks * 512 / cs
-		threshold := max(realClusters*10/9, realClusters+2)
-		end := (l.fileSize + cs - 1) / cs
-		count := int64(0)
-		for c := int64(0); c < end && count < threshold; c++ {
-			n, err := l.refcount(c)
-			if err != nil {
-				return
-			}
-			if n != 0 {
-				count++
-			}
-		}
-		l.prealloc = count >= threshold
-	})
+	l.preallocOnce.Do(func() { l.prealloc = l.detectPrealloc() })
 	return l.prealloc
 }
