@@ -129,15 +129,13 @@ func (l *layer) compressedReader() *readahead.Reader {
 // inflate decompresses the compressed cluster e (found at entryOff) into
 // dst, one cluster long.
 func (l *layer) inflate(dst []byte, e l2Entry, entryOff int64) error {
-	if l.external() {
-		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
-			Msg: "compressed cluster in an image with an external data file"}
+	// The stream must lie in the file, and not in the image's own
+	// metadata (block status reports the cluster as data, as qemu does;
+	// reading it is what must not hand metadata out).
+	if err := l.checkCompressed(e, entryOff); err != nil {
+		return err
 	}
 	coff, csize := l.compressedRange(e)
-	if coff >= l.fileSize {
-		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
-			Msg: fmt.Sprintf("compressed cluster at byte offset %d is past the end of the file (%d bytes)", coff, l.fileSize)}
-	}
 	// The last sector may be cut short by the end of the file, as qemu
 	// writes it; the compressed stream itself must still be complete.
 	csize = min(csize, l.fileSize-coff)

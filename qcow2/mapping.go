@@ -117,12 +117,8 @@ func (l *layer) lookup(off, n int64) (run, error) {
 		if pos == off {
 			r = run{kind: k, length: step, host: host, entry: e, entryOff: entryOff}
 			if k == kindCompressed {
-				// A compressed run is one cluster at most. Its
-				// stream must not lie in metadata either.
+				// A compressed run is one cluster at most.
 				r.length = min(cs-pos&(cs-1), n)
-				if err := l.checkCompressed(e, entryOff); err != nil {
-					return run{}, err
-				}
 				return r, nil
 			}
 		} else {
