@@ -2,7 +2,9 @@ package fs
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"syscall"
@@ -45,6 +47,7 @@ type entry struct {
 	hidden bool
 	why    *refusal // why an image is not shown; logged once per version
 	locked bool     // not shown because a qemu writes it: tried again at every scan
+	retry  bool     // not shown for a passing reason (locked, out of descriptors or memory): tried again at every scan
 	noted  bool     // a hidden symlink or a name clash was logged
 }
 
@@ -231,7 +234,7 @@ func (d *dirNode) classify(dir *os.File, name string, old *entry) *entry {
 		}
 		e.rel, e.key = target, keyOf(&e.st)
 	}
-	if old != nil && unchanged(&old.lst, &lst) && unchanged(&old.st, &e.st) && old.rel == e.rel && !old.locked {
+	if old != nil && unchanged(&old.lst, &lst) && unchanged(&old.st, &e.st) && old.rel == e.rel && !old.retry {
 		return old
 	}
 	switch e.st.Mode & syscall.S_IFMT {
@@ -279,6 +282,17 @@ const maxSnapshotTables = 64
 // why it is not shown. old is the entry's previous classification, for
 // logging a refusal once.
 func (m *mount) validate(e *entry, old *entry) {
+	defer func() {
+		// A panic of the library on this image (or its partition
+		// table) hides this image only; the folder's other entries are
+		// shown as usual.
+		if r := recover(); r != nil {
+			m.log.Error("internal error (panic) validating an image; only this image is affected",
+				"image", m.src.abs(e.rel), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			e.hidden, e.facts = true, nil
+			e.why = &refusal{image: m.src.abs(e.rel), reason: fmt.Sprintf("internal error: %v", r)}
+		}
+	}()
 	e.gen = m.ids.observe(e.key, versionOf(&e.st))
 	d := diskID{key: e.key, gen: e.gen}
 	oi, err := m.acquire(d, e.rel)
@@ -290,6 +304,7 @@ func (m *mount) validate(e *entry, old *entry) {
 	if err != nil {
 		e.hidden = true
 		e.locked = errors.Is(err, qcow2.ErrLocked)
+		e.retry = e.locked || passing(err)
 		e.why = m.refusalOf(e.rel, err)
 		if old == nil || old.why == nil || old.why.reason != e.why.reason {
 			m.log.Warn("image not shown", "image", e.why.image, "reason", e.why.reason, "hint", e.why.hint)
@@ -341,6 +356,17 @@ func (m *mount) readPartitions(img *qcow2.Image, what string) *partition.Table {
 	return t
 }
 
+// passing reports whether err is a refusal for want of something other
+// images hold (descriptors, room in the memory budget), which the next
+// scan may find free again.
+func passing(err error) bool {
+	var be *qcow2.BudgetError
+	if errors.As(err, &be) {
+		return be.Held+be.Need <= be.Limit
+	}
+	return errors.Is(err, syscall.EMFILE)
+}
+
 // refusalOf describes why the image at rel cannot be shown, with the flag
 // that would show it where there is one.
 func (m *mount) refusalOf(rel string, err error) *refusal {
@@ -355,6 +381,8 @@ func (m *mount) refusalOf(rel string, err error) *refusal {
 		r.hint = "--allow-backing-outside=DIR follows backing and data files inside DIR"
 	case errors.Is(err, qcow2.ErrUnsupported) && strings.Contains(reason, "corrupt bit"):
 		r.hint = "--allow-corrupt serves it read-only anyway"
+	case errors.Is(err, qcow2.ErrBudget):
+		r.hint = "--metadata-memory=SIZE gives image metadata more memory"
 	}
 	return r
 }
