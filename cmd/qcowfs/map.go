@@ -2,8 +2,11 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/qcowfs/qcowfs/qcow2"
 )
@@ -28,9 +31,11 @@ func (c *mapCmd) Run() error {
 	}
 	w := bufio.NewWriter(os.Stdout)
 	defer w.Flush()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	if c.Output == "json" {
 		first := true
-		err := img.Map(func(e qcow2.MapEntry) error {
+		err := img.MapContext(ctx, func(e qcow2.MapEntry) error {
 			if first {
 				w.WriteString("[")
 				first = false
@@ -52,7 +57,7 @@ func (c *mapCmd) Run() error {
 		return nil
 	}
 	fmt.Fprintf(w, "%-16s%-16s%-16s%s\n", "Offset", "Length", "Mapped to", "File")
-	return img.Map(func(e qcow2.MapEntry) error {
+	return img.MapContext(ctx, func(e qcow2.MapEntry) error {
 		if e.Data && e.Offset == nil {
 			return fmt.Errorf("%s: the image contains compressed clusters, which have no offset to show; use --output=json", c.Image)
 		}

@@ -30,6 +30,7 @@ type mountCmd struct {
 	AllowOther          bool     `help:"Let other users read the mount (as non-root this needs user_allow_other in /etc/fuse.conf). File permissions still apply."`
 	L2CacheSize         byteSize `name:"l2-cache-size" default:"32M" placeholder:"SIZE" help:"Memory for L2 tables, shared by all images: 32M maps 256 GiB of disk at 64 KiB clusters."`
 	CacheSize           byteSize `default:"64M" placeholder:"SIZE" help:"Memory for decompressed clusters of compressed images, shared by all images."`
+	MetadataMemory      byteSize `default:"512M" placeholder:"SIZE" help:"Memory for the metadata images keep while open (L1, snapshot and refcount tables, metadata maps), shared by all images; an image that does not fit is not served."`
 	LogLevel            string   `enum:"debug,info,warn,error" default:"info" help:"Least severe log messages to keep: debug, info, warn or error."`
 	LogFile             string   `placeholder:"PATH" help:"Append the log here. Default: syslog when running as a daemon, stderr with --foreground."`
 	Debug               bool     `help:"Log every FUSE request and reply (very verbose)."`
@@ -40,7 +41,7 @@ type mountCmd struct {
 	AllowCorrupt        bool     `help:"Serve images qemu marked corrupt (read-only, with a warning in the log)."`
 	NoPartitions        bool     `help:"Do not show the folders of guest partitions (STEM.raw.parts/p1, ...)."`
 	ForceShare          bool     `short:"U" help:"Serve images that another process (a running qemu) has open for writing, like qemu-img -U; their content may change under the reader."`
-	Options             []string `short:"o" sep:"," placeholder:"OPT" help:"Options in mount(8) style: ro, allow_other, l2_cache_size=SIZE, cache_size=SIZE, read_ahead=SIZE, read_path=splice|copy, force_share, allow_corrupt, allow_backing_outside=DIR, no_partitions, log_level=LEVEL, log_file=PATH, debug, foreground. Generic ones (rw, dev, suid, exec, auto, noauto, user, nofail, _netdev, x-*, ...) are accepted and ignored."`
+	Options             []string `short:"o" sep:"," placeholder:"OPT" help:"Options in mount(8) style: ro, allow_other, l2_cache_size=SIZE, cache_size=SIZE, metadata_memory=SIZE, read_ahead=SIZE, read_path=splice|copy, force_share, allow_corrupt, allow_backing_outside=DIR, no_partitions, log_level=LEVEL, log_file=PATH, debug, foreground. Generic ones (rw, dev, suid, exec, auto, noauto, user, nofail, _netdev, x-*, ...) are accepted and ignored."`
 	// Fake is mount(8)'s -f passed to a mount.qcowfs helper: check the
 	// options, mount nothing.
 	Fake bool `hidden:"" help:"Check the options but mount nothing (mount -f)."`
@@ -125,6 +126,10 @@ func (c *mountCmd) applyOptions() error {
 		case "cache_size":
 			if err := c.CacheSize.UnmarshalText([]byte(val)); err != nil || !hasVal {
 				return fmt.Errorf("option %s: want a size such as 64M", o)
+			}
+		case "metadata_memory":
+			if err := c.MetadataMemory.UnmarshalText([]byte(val)); err != nil || !hasVal {
+				return fmt.Errorf("option %s: want a size such as 512M", o)
 			}
 		case "read_ahead":
 			if err := c.ReadAhead.UnmarshalText([]byte(val)); err != nil || !hasVal {
@@ -390,7 +395,7 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	}
 	cfg := fs.Config{
 		Source: c.Source,
-		Image:  qcow2.Options{Cache: qcow2.NewCache(int64(c.L2CacheSize), int64(c.CacheSize))},
+		Image:  qcow2.Options{Cache: qcow2.NewCache(int64(c.L2CacheSize), int64(c.CacheSize)), Budget: qcow2.NewBudget(int64(c.MetadataMemory))},
 		Log:    logger,
 	}
 	if c.ReadPath == "copy" {
@@ -464,6 +469,7 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 		}
 	}()
 	server.Wait()
+	root.Close()
 	logger.Info("unmounted", "mountpoint", c.Mountpoint)
 	return nil
 }
