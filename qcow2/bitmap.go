@@ -178,11 +178,12 @@ func (l *layer) readBitmapTable(b *bitmapEntry) ([]uint64, error) {
 }
 
 // addBitmaps calls add with the bitmap directory, every bitmap table and
-// the data clusters the tables name. With once, a table named by several
-// entries is visited once (the metadata map); without it, once per entry
-// (the check counts references as qemu does). The tables read together
-// must not exceed maxMapTableBytes.
-func (l *layer) addBitmaps(add func(start, length int64, kind MetaKind), once bool) error {
+// the data clusters the tables name, with how many times each is named:
+// once for the directory, and for a table and its data clusters the
+// number of directory entries that name the table (or 1 with once: the
+// metadata map). Each distinct table is read once, and the tables read
+// together must not exceed maxMapTableBytes.
+func (l *layer) addBitmaps(add func(start, length int64, kind MetaKind, times int64), once bool) error {
 	if !l.bitmapsUsed() {
 		return nil
 	}
@@ -192,22 +193,27 @@ func (l *layer) addBitmaps(add func(start, length int64, kind MetaKind), once bo
 	}
 	h := l.hdr
 	cs := l.clusterSize()
-	add(int64(h.Bitmaps.DirectoryOffset), int64(h.Bitmaps.DirectorySize), MetaBitmapDirectory)
-	// Each distinct table is read once; entries naming it again reuse
-	// what it named (its data clusters, merged into runs, kept charged
-	// until the walk ends).
-	seen := map[[2]uint64][]MetaRange{}
-	var read, held int64
-	defer func() { l.budget.sub(held) }()
+	add(int64(h.Bitmaps.DirectoryOffset), int64(h.Bitmaps.DirectorySize), MetaBitmapDirectory, 1)
+	type table struct {
+		b     *bitmapEntry
+		times int64
+	}
+	var tables []*table
+	byKey := map[[2]uint64]*table{}
 	for i := range dir {
 		b := &dir[i]
 		key := [2]uint64{b.tableOffset, uint64(b.tableSize)}
-		if r, ok := seen[key]; ok {
-			for _, x := range r {
-				add(x.Start, x.End-x.Start, x.Kind)
-			}
+		if t := byKey[key]; t != nil {
+			t.times++
 			continue
 		}
+		t := &table{b: b, times: 1}
+		byKey[key] = t
+		tables = append(tables, t)
+	}
+	var read int64
+	for _, tb := range tables {
+		b := tb.b
 		if read += int64(b.tableSize) * 8; read > maxMapTableBytes {
 			return &FormatError{File: l.name, Field: "bitmap directory", Value: uint64(read), Offset: b.off,
 				Msg: fmt.Sprintf("the bitmap tables hold more than %d bytes", maxMapTableBytes)}
@@ -216,6 +222,19 @@ func (l *layer) addBitmaps(add func(start, length int64, kind MetaKind), once bo
 		if err != nil {
 			return err
 		}
+		if !once {
+			// Every reference, as often as the table is named
+			// (a cluster the table names twice counts twice).
+			add(int64(b.tableOffset), int64(b.tableSize)*8, MetaBitmapTable, tb.times)
+			for _, e := range t {
+				if o := int64(e & bitmapEntryMask); o != 0 {
+					add(o, cs, MetaBitmapData, tb.times)
+				}
+			}
+			l.budget.sub(int64(len(t)) * 8)
+			continue
+		}
+		// For the map, the table's data clusters merged into runs.
 		mb := metaBuilder{charge: l.budget}
 		mb.add(int64(b.tableOffset), int64(b.tableSize)*8, MetaBitmapTable)
 		for _, e := range t {
@@ -227,17 +246,10 @@ func (l *layer) addBitmaps(add func(start, length int64, kind MetaKind), once bo
 		if mb.err != nil {
 			return mb.err
 		}
-		r := mb.build().ranges
-		for _, x := range r {
-			add(x.Start, x.End-x.Start, x.Kind)
+		for _, x := range mb.build().ranges {
+			add(x.Start, x.End-x.Start, x.Kind, 1)
 		}
-		if once {
-			r = nil // adding them again changes nothing
-			l.budget.sub(mb.held)
-		} else {
-			held += mb.held
-		}
-		seen[key] = r
+		l.budget.sub(mb.held)
 	}
 	return nil
 }

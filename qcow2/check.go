@@ -407,7 +407,7 @@ func (c *checker) checkL2(u *l2Use) error {
 
 // checkBitmaps counts the bitmap directory, tables and data clusters.
 func (c *checker) checkBitmaps() error {
-	err := c.l.addBitmaps(func(start, length int64, _ MetaKind) { c.inc(start, length) }, false)
+	err := c.l.addBitmaps(func(start, length int64, _ MetaKind, times int64) { c.incN(start, length, times) }, false)
 	if err != nil {
 		c.res.CheckErrors++
 		c.notef("ERROR: %v", err)

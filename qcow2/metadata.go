@@ -254,7 +254,8 @@ func (l *layer) buildMetadata() (*MetadataMap, error) {
 		}
 	}
 
-	if err := l.addBitmaps(b.add, true); err != nil {
+	addBitmap := func(start, length int64, k MetaKind, _ int64) { b.add(start, length, k) }
+	if err := l.addBitmaps(addBitmap, true); err != nil {
 		return nil, err
 	}
 	if b.err != nil {
