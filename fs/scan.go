@@ -49,6 +49,8 @@ type entry struct {
 	locked bool     // not shown because a qemu writes it: tried again at every scan
 	retry  bool     // not shown for a passing reason (locked, out of descriptors or memory): tried again at every scan
 	noted  bool     // a hidden symlink or a name clash was logged
+
+	snapsNoted bool // snapshots without a usable name were logged
 }
 
 // imageFacts is what validation learned of an image.
@@ -64,6 +66,7 @@ type snapFacts struct {
 	id, name string
 	size     int64
 	table    *partition.Table
+	err      string // why qemu cannot load it (not shown); "" if it can
 }
 
 // A refusal says why an image is not shown, and what would change that.
@@ -320,8 +323,18 @@ func (m *mount) validate(e *entry, old *entry) {
 	if !m.cfg.NoPartitions {
 		f.table = m.readPartitions(img, m.src.abs(e.rel))
 	}
+	unloadable := 0
 	for i, s := range img.Snapshots() {
 		sf := snapFacts{index: i + 1, id: s.ID, name: s.Name, size: s.Size}
+		if s.Err != nil {
+			sf.err = s.Err.Error()
+			if unloadable++; unloadable == 1 && (old == nil || old.facts == nil || !sameSnapErrs(old.facts, i, sf.err)) {
+				m.log.Warn("snapshot not shown: qemu cannot load it either", "image", m.src.abs(e.rel),
+					"snapshot", s.ID, "reason", strings.TrimPrefix(sf.err, m.src.abs(e.rel)+": "))
+			}
+			f.snaps = append(f.snaps, sf)
+			continue
+		}
 		if !m.cfg.NoPartitions && i < maxSnapshotTables {
 			if so, err := m.acquire(diskID{key: e.key, gen: e.gen, snap: i + 1}, e.rel); err == nil {
 				sf.table = m.readPartitions(so.img, describe(m.src.abs(e.rel), s.ID))
@@ -334,6 +347,12 @@ func (m *mount) validate(e *entry, old *entry) {
 	}
 	e.facts = f
 	m.usage.request(d, usageJob{rel: e.rel, end: f.size})
+}
+
+// sameSnapErrs reports whether snapshot i was refused for reason err at
+// the previous validation too (so the line is not logged again).
+func sameSnapErrs(f *imageFacts, i int, err string) bool {
+	return i < len(f.snaps) && f.snaps[i].err == err
 }
 
 // readPartitions reads a disk's partition table; nil if it has none or no
@@ -425,20 +444,31 @@ func (m *mount) assign(entries map[string]*entry) map[string]*shown {
 	sort.Slice(images, func(i, j int) bool { return names[images[i]] < names[images[j]] })
 	// Snapshots, by image name then table order (names.go, rule 4).
 	var disks []*shown
+	taken := func(n string) bool { return out[n] != nil }
 	for _, img := range images {
 		disks = append(disks, img)
+		unshown := 0
 		for _, sn := range img.e.facts.snaps {
+			if sn.err != "" {
+				continue // qemu cannot load it either; logged at validation
+			}
 			name, fallback := snapshotNames(names[img], sn.id, sn.name)
-			if out[name] != nil {
+			if !usable(name, taken) {
 				name = fallback
 			}
-			if out[name] != nil {
+			if !usable(name, taken) {
+				unshown++
 				continue
 			}
 			x := &shown{e: img.e, snap: sn.index, size: sn.size}
 			out[name] = x
 			names[x] = name
 			disks = append(disks, x)
+		}
+		if unshown > 0 && !img.e.snapsNoted {
+			m.log.Warn("snapshots not shown: their names and ID names are taken or longer than 255 bytes",
+				"image", m.src.abs(img.e.rel), "snapshots", unshown)
+			img.e.snapsNoted = true
 		}
 	}
 	// The folders of partitions, after every other name (parts.go).
@@ -450,7 +480,7 @@ func (m *mount) assign(entries map[string]*entry) map[string]*shown {
 				t = x.e.facts.snaps[x.snap-1].table
 			}
 			name := partsName(names[x])
-			if t == nil || out[name] != nil {
+			if t == nil || !usable(name, taken) {
 				continue
 			}
 			out[name] = &shown{e: x.e, snap: x.snap, part: partsFolder, size: x.size, table: t}
