@@ -7,7 +7,7 @@ VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 BIN     := bin/qcowfs
 # Packages the tests and the demo need (Debian names).
-TEST_PKGS := fuse3 qemu-utils fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc
+TEST_PKGS := fuse3 qemu-utils fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc time
 
 .PHONY: all build test demo lint fuzz install uninstall deps deps-build clean
 
