@@ -3,6 +3,7 @@ package fs
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"runtime/debug"
 	"sort"
@@ -100,13 +101,19 @@ func (x *shown) disk() diskID {
 	return diskID{key: x.e.key, gen: x.e.gen, snap: x.snap, part: x.part}
 }
 
-// gen is the node generation: the file's generation for disks and their
-// partitions, 0 for folders and plain files (whose content is not cached).
+// gen is the node generation: for disks and their partitions the file's
+// generation (identity.go), mixed with where the entry lies in the source.
+// A node keeps its source path for life, so an entry that moved (a folder
+// renamed, and another put in its place) must be a new node: otherwise the
+// kernel would be handed the old node, which still resolves the old path.
 func (x *shown) gen() uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(x.e.rel))
+	g := h.Sum64()
 	if x.e.kind == kindImage {
-		return x.e.gen
+		g ^= x.e.gen * 0x9e3779b97f4a7c15
 	}
-	return 0
+	return g | 1
 }
 
 // used is the first estimate of a disk's data bytes.
