@@ -9,8 +9,8 @@ import (
 
 // The file descriptor budget: open images hold descriptors (every file of
 // a backing chain, and one per file to probe its holes), and the process
-// has RLIMIT_NOFILE of them. Go raises the soft limit to the hard one at
-// start; three quarters of it go to open images, the rest stay for what
+// has RLIMIT_NOFILE of them. The Go runtime raises the soft limit to the
+// hard one less one at start; three quarters of it go to open images, the rest stay for what
 // must always work: listing folders, opening plain files, the FUSE
 // device. One folder may hold at most half of the images' share, so that
 // a folder whose files are all open at once cannot starve the others. An

@@ -234,22 +234,15 @@ func (l *layer) addBitmaps(add func(start, length int64, kind MetaKind, times in
 			l.budget.sub(int64(len(t)) * 8)
 			continue
 		}
-		// For the map, the table's data clusters merged into runs.
-		mb := metaBuilder{charge: l.budget}
-		mb.add(int64(b.tableOffset), int64(b.tableSize)*8, MetaBitmapTable)
+		// For the map: once, whoever names the table (the map's
+		// builder merges as it goes).
+		add(int64(b.tableOffset), int64(b.tableSize)*8, MetaBitmapTable, 1)
 		for _, e := range t {
 			if o := int64(e & bitmapEntryMask); o != 0 {
-				mb.add(o, cs, MetaBitmapData)
+				add(o, cs, MetaBitmapData, 1)
 			}
 		}
 		l.budget.sub(int64(len(t)) * 8)
-		if mb.err != nil {
-			return mb.err
-		}
-		for _, x := range mb.build().ranges {
-			add(x.Start, x.End-x.Start, x.Kind, 1)
-		}
-		l.budget.sub(mb.held)
 	}
 	return nil
 }

@@ -129,7 +129,7 @@ func readSnapshots(m *metaFile, h *Header, size int64, budget *charge) ([]Snapsh
 		if off+snapshotFixedBytes > fileSize {
 			return nil, 0, bad("snapshot table", uint64(i), fieldNbSnapshots.off, "snapshot %d's entry at byte offset %d runs past the end of the file", i, off)
 		}
-		fixed, err := r.bytes(off, snapshotFixedBytes, fmt.Sprintf("snapshot %d", i))
+		fixed, err := r.bytes(off, snapshotFixedBytes, "snapshot table")
 		if err != nil {
 			return nil, 0, err
 		}
@@ -157,7 +157,7 @@ func readSnapshots(m *metaFile, h *Header, size int64, budget *charge) ([]Snapsh
 		if off+snapshotFixedBytes+varLen > fileSize {
 			return nil, 0, bad("snapshot entry", uint64(varLen), off, "snapshot %d's entry runs past the end of the file", i)
 		}
-		buf, err := r.bytes(off+snapshotFixedBytes, varLen, fmt.Sprintf("snapshot %d", i))
+		buf, err := r.bytes(off+snapshotFixedBytes, varLen, "snapshot table")
 		if err != nil {
 			return nil, 0, err
 		}
