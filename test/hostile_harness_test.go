@@ -155,10 +155,19 @@ type boundedRun struct {
 	stderr string
 }
 
+// memBound is a memory bound of mib MiB, in KiB, for a binary built as
+// the tests build it: the race detector (make test) roughly triples what
+// a program takes.
+func memBound(mib int64) int64 {
+	if raceDir != "" {
+		mib *= 3
+	}
+	return mib << 10
+}
+
 // cliMaxRSS bounds the memory of one qcowfs info|map|check run on a
-// hostile image (the binary of `make test` is built with the race
-// detector, which multiplies the memory of what it runs).
-const cliMaxRSS = 512 << 10 // KiB
+// hostile image.
+var cliMaxRSS = memBound(192)
 
 // cliBounded runs `qcowfs info|map|check` on image under timeout and GNU
 // time, and fails the test if one panics, is killed by the timeout or

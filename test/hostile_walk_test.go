@@ -189,7 +189,7 @@ func TestHostileWalks(t *testing.T) {
 	}
 	after := readProc(t, pid)
 	t.Logf("daemon after the walks: %v", after)
-	if after.hwmKB > 512<<10 {
+	if after.hwmKB > memBound(160) {
 		t.Errorf("the daemon peaked at %d MiB", after.hwmKB>>10)
 	}
 	noPanics(t, m)
