@@ -408,10 +408,15 @@ func (img *Image) DataBytesIn(start, end int64) (int64, error) {
 // done, and failing (ErrWalkBudget) when the count needs more work than
 // CountWork.
 func (img *Image) DataBytesInContext(ctx context.Context, start, end int64) (int64, error) {
+	return img.dataBytes(ctx, start, end, CountWork)
+}
+
+// dataBytes counts the data of [start, end) with work units of work.
+func (img *Image) dataBytes(ctx context.Context, start, end, work int64) (int64, error) {
 	var total int64
 	bits := img.index().chunkBits
 	end = min(end, img.top.size)
-	w := newWalk(ctx, CountWork)
+	w := newWalk(ctx, work)
 	for off := max(start, 0); off < end; {
 		d, err := img.top.nextMaybeData(off, w)
 		if err != nil {
