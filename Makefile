@@ -9,7 +9,7 @@ BIN     := bin/qcowfs
 MAN     := bin/qcowfs.1
 # Packages the tests and the demo need (Debian names); nginx serves the
 # remote images of the tests.
-TEST_PKGS := fuse3 qemu-utils fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc groff-base systemd nginx
+TEST_PKGS := fuse3 qemu-utils fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc groff-base systemd nginx time fio
 # Go programs the tests need (scripts/go-tools.sh pins their versions:
 # versitygw, the S3 server), installed into $(go env GOPATH)/bin, which
 # the tests find on PATH.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -27,6 +28,8 @@ type dirNode struct {
 	// other folder waits for them) and guards cur.
 	scanMu sync.Mutex
 	cur    *dirScan
+
+	staleChecked atomic.Pointer[dirScan] // the scan forgetStale last went through
 }
 
 var (
@@ -60,8 +63,13 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 // forgetStale drops children whose source entry went away or changed
 // generation, and tells the kernel to forget the name. The kernel holds the
 // folder's lock while it waits for this request, so the notification is
-// sent from another goroutine.
+// sent from another goroutine. It looks at the children once per scan:
+// a listing's lookups (one per name) would otherwise each go through all
+// of them, quadratic in the folder's size.
 func (d *dirNode) forgetStale(s *dirScan) {
+	if d.staleChecked.Swap(s) == s {
+		return
+	}
 	for name, child := range d.Children() {
 		x := s.names[name]
 		if x != nil && x.disk().inode() == child.StableAttr().Ino && x.gen() == child.StableAttr().Gen {
@@ -135,7 +143,10 @@ func (m *mount) node(x *shown) (gofs.InodeEmbedder, gofs.StableAttr) {
 		return &partsNode{m: m, disk: x}, stable
 	case kindImage:
 		stable.Mode = syscall.S_IFREG
-		if x.snap != 0 {
+		if x.snap != 0 && x.snap <= maxSnapshotTables {
+			// Each count opens the snapshot anew: the first ones of
+			// a table get theirs, the others (thousands, in a
+			// hostile table) keep the estimate.
 			m.usage.request(x.disk(), usageJob{rel: e.rel, end: x.size})
 		}
 		return &imageNode{m: m, x: x, size: x.size}, stable

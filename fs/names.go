@@ -20,6 +20,9 @@ import (
 //     preferred name is taken falls back to its full source name plus
 //     .raw (vm.img -> vm.img.raw), again in byte-wise order. An image whose
 //     fallback is taken too is not shown, and a line is logged.
+//  5. No name is longer than NAME_MAX (255 bytes): the kernel refuses the
+//     whole listing of a folder with one such name. A name that would be
+//     longer counts as taken, so its entry falls back or is not shown.
 //
 //  4. An internal snapshot of a shown image is shown next to it as
 //     STEM@SNAPSHOT.raw, where STEM is the image's name without .raw and
@@ -32,6 +35,14 @@ import (
 // folder always gives the same names.
 
 var imageSuffixes = []string{".qcow2", ".qcow", ".img"}
+
+// nameMax is NAME_MAX, the longest name a listing may carry (rule 5).
+const nameMax = 255
+
+// usable reports whether name may be given: not taken, not too long.
+func usable(name string, taken func(string) bool) bool {
+	return len(name) <= nameMax && !taken(name)
+}
 
 // preferredName is rule 2.
 func preferredName(src string) string {
@@ -64,8 +75,9 @@ func assignNames(srcs []string, image []bool) []string {
 	}
 	sort.Slice(images, func(a, b int) bool { return srcs[images[a]] < srcs[images[b]] })
 	var losers []int
+	isTaken := func(n string) bool { return taken[n] }
 	for _, i := range images {
-		if n := preferredName(srcs[i]); !taken[n] {
+		if n := preferredName(srcs[i]); usable(n, isTaken) {
 			out[i] = n
 			taken[n] = true
 		} else {
@@ -73,7 +85,7 @@ func assignNames(srcs []string, image []bool) []string {
 		}
 	}
 	for _, i := range losers {
-		if n := fallbackName(srcs[i]); !taken[n] {
+		if n := fallbackName(srcs[i]); usable(n, isTaken) {
 			out[i] = n
 			taken[n] = true
 		}

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -29,6 +30,10 @@ func TestAssignNames(t *testing.T) {
 			[]string{"v.raw.raw"}},
 		{"a bare suffix is a name", []e{{".img", true}},
 			[]string{".img.raw"}},
+		// NAME_MAX: a 252-byte image name plus .raw is 256 bytes, which
+		// the kernel would refuse in a listing (the whole listing).
+		{"names past NAME_MAX", []e{{strings.Repeat("x", 251) + ".img", true}, {strings.Repeat("y", 252), true}, {strings.Repeat("z", 251), true}},
+			[]string{strings.Repeat("x", 251) + ".raw", "", strings.Repeat("z", 251) + ".raw"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var srcs []string

@@ -136,8 +136,9 @@ func spliceRead(img *qcow2.Image, off, size int64) (fuse.ReadResult, error) {
 	}
 	switch {
 	case len(exts) == 1 && hosts == 1:
+		// Through a pipe of our own, which counts (splice.go).
 		f, hoff, _ := exts[0].Host()
-		return fuse.ReadResultFd(f, hoff, int(size)), nil
+		return spliceOne(f, hoff, int(size))
 	case hosts == 0 && size <= int64(len(zeros)):
 		return fuse.ReadResultData(zeros[:size]), nil
 	}
@@ -184,17 +185,19 @@ func pipeRead(exts []qcow2.Extent, size int) (fuse.ReadResult, error) {
 }
 
 // loadFromAt splices n bytes at off of fd into the pipe, looping over
-// short splices.
+// short splices; the end of the file before n bytes is an error
+// (splice.go).
 func loadFromAt(p *splice.Pair, fd uintptr, n int, off int64) error {
-	for n > 0 {
+	for want, start, got := n, off, 0; n > 0; {
 		k, err := p.LoadFromAt(fd, n, off)
 		if err != nil {
 			return err
 		}
 		if k == 0 {
-			return io.ErrUnexpectedEOF
+			return errShortSplice(fd, start, got, want)
 		}
 		n -= k
+		got += k
 		off += int64(k)
 	}
 	return nil

@@ -1,12 +1,15 @@
 package fs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/qcowfs/qcowfs/qcow2"
 )
@@ -26,7 +29,10 @@ import (
 // registry.mu guards the map only and is never held across I/O: an image
 // is opened by its first user outside the lock, and users that come
 // meanwhile wait for that open on the entry's ready channel. One slow or
-// broken image never holds up the others.
+// broken image never holds up the others, and one that makes the library
+// panic only fails its own open (the panic is logged with its stack).
+// Open images are counted against the file descriptor budget
+// (fdbudget.go).
 
 type registry struct {
 	mu     sync.Mutex
@@ -41,6 +47,7 @@ type openImage struct {
 	ready chan struct{}
 	img   *qcow2.Image // set, with err, before ready closes
 	err   error
+	fds   int // descriptors taken from the budget for img
 
 	refs int // users; guarded by registry.mu
 
@@ -73,7 +80,15 @@ func (m *mount) acquire(d diskID, rel string) (*openImage, error) {
 	r.images[d] = oi
 	r.mu.Unlock()
 
-	oi.img, oi.err = m.openImage(d, rel)
+	oi.img, oi.err = m.openCounted(d, rel)
+	if oi.err == nil {
+		oi.fds = oi.img.MaxFiles()
+		if err := m.fds.take(rel, oi.fds); err != nil {
+			oi.img.Close()
+			oi.img, oi.err, oi.fds = nil, err, 0
+			m.fdBudgetSpent(oi.path, err)
+		}
+	}
 	close(oi.ready)
 	if oi.err != nil {
 		m.release(oi)
@@ -94,7 +109,33 @@ func (m *mount) release(oi *openImage) {
 	r.mu.Unlock()
 	if last && oi.img != nil {
 		oi.img.Close()
+		m.fds.give(oi.rel, oi.fds)
 	}
+}
+
+// openCounted opens the image like openImage, turning a panic of the
+// library into this image's error: whatever one image does, the others
+// (and the waiters on this one) go on.
+func (m *mount) openCounted(d diskID, rel string) (img *qcow2.Image, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			m.log.Error("internal error (panic) opening an image; only this image is affected",
+				"image", m.src.abs(rel), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			img, err = nil, fmt.Errorf("internal error opening the image: %v", r)
+		}
+	}()
+	return m.openImage(d, rel)
+}
+
+// fdBudgetSpent logs that an image was not opened for want of
+// descriptors, at most once every ten seconds.
+func (m *mount) fdBudgetSpent(path string, err error) {
+	now := time.Now().UnixNano()
+	last := m.fdWarned.Load()
+	if now-last < int64(10*time.Second) || !m.fdWarned.CompareAndSwap(last, now) {
+		return
+	}
+	m.log.Warn("image not opened: too many open images", "image", path, "reason", err.Error())
 }
 
 // openImage opens generation d.gen of the image file at rel, without
@@ -307,9 +348,34 @@ func errnoOf(err error) syscall.Errno {
 			return syscall.EIO
 		}
 		return syscall.EROFS
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return syscall.EINTR
+	case errors.Is(err, qcow2.ErrBudget):
+		return syscall.ENOMEM
 	case errors.As(err, &errno):
 		return errno
 	default:
 		return syscall.EIO
+	}
+}
+
+// closeAll writes back and closes every image still open, when the mount
+// is gone (a lazy unmount leaves handles the kernel never releases).
+func (m *mount) closeAll() {
+	r := &m.reg
+	r.mu.Lock()
+	open := make([]*openImage, 0, len(r.images))
+	for _, oi := range r.images {
+		open = append(open, oi)
+	}
+	clear(r.images)
+	r.mu.Unlock()
+	for _, oi := range open {
+		<-oi.ready
+		if oi.img != nil {
+			if err := oi.img.Close(); err != nil {
+				m.log.Error("closing the image at unmount", "image", oi.path, "err", err)
+			}
+		}
 	}
 }

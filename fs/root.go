@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -66,6 +67,9 @@ type mount struct {
 
 	ids *identities // generations of source files, identity.go
 	reg registry    // open images, registry.go
+	fds *fdBudget   // descriptors for open images, fdbudget.go
+
+	fdWarned atomic.Int64 // when the fd budget was last logged as spent
 
 	usage *usageTable // st_blocks of images, usage.go
 
@@ -73,6 +77,10 @@ type mount struct {
 	refused  map[string]error   // images not shown, by path (status.go)
 	readOnly map[string]string  // images of a writable mount shown read-only, and why
 	backing  map[fileKey]string // backing files of shown images, and which image reads them
+
+	// ctx ends the mount's background work (Root.Close).
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // Root is the root folder of a mount: the source folder, or for a single
@@ -89,6 +97,10 @@ func NewRoot(cfg Config) (*Root, error) {
 	}
 	if cfg.Image.Cache == nil {
 		cfg.Image.Cache = qcow2.NewCache(qcow2.DefaultCacheSize, qcow2.DefaultClusterCacheSize)
+	}
+	if cfg.Image.Budget == nil {
+		// One memory budget for the metadata of every image.
+		cfg.Image.Budget = qcow2.NewBudget(qcow2.DefaultBudget)
 	}
 	src, err := filepath.Abs(cfg.Source)
 	if err != nil {
@@ -115,13 +127,22 @@ func NewRoot(cfg Config) (*Root, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &mount{cfg: cfg, log: cfg.Log, src: s, ids: newIdentities(), usage: newUsageTable(), refused: map[string]error{}, readOnly: map[string]string{}, backing: map[fileKey]string{}}
+	m := &mount{cfg: cfg, log: cfg.Log, src: s, ids: newIdentities(), usage: newUsageTable(), refused: map[string]error{}, readOnly: map[string]string{}, backing: map[fileKey]string{}, fds: newFDBudget()}
+	m.log.Info("file descriptors", "limit", m.fds.nofile, "for open images", m.fds.limit, "per folder", m.fds.perFolder)
 	m.reg.images = map[diskID]*openImage{}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
 	// Backing files must stay inside what the user mounted, plus
 	// whatever else the caller allows.
 	m.cfg.Image.AllowedDirs = append([]string{root}, cfg.Image.AllowedDirs...)
-	go m.countUsage()
+	go m.countUsage(m.ctx)
 	return &Root{dirNode: dirNode{m: m, only: only}}, nil
+}
+
+// Close stops the mount's background work and writes back and closes
+// the images still open; call it once the mount is gone.
+func (r *Root) Close() {
+	r.m.cancel()
+	r.m.closeAll()
 }
 
 // Options returns go-fuse options suited to an image mount, read-only

@@ -2,7 +2,10 @@ package fs
 
 import (
 	"errors"
+	"fmt"
+	"hash/fnv"
 	"os"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"syscall"
@@ -45,7 +48,10 @@ type entry struct {
 	hidden bool
 	why    *refusal // why an image is not shown; logged once per version
 	locked bool     // not shown because a qemu writes it: tried again at every scan
+	retry  bool     // not shown for a passing reason (locked, out of descriptors or memory): tried again at every scan
 	noted  bool     // a hidden symlink or a name clash was logged
+
+	snapsNoted bool // snapshots without a usable name were logged
 }
 
 // imageFacts is what validation learned of an image.
@@ -62,6 +68,7 @@ type snapFacts struct {
 	id, name string
 	size     int64
 	table    *partition.Table
+	err      string // why qemu cannot load it (not shown); "" if it can
 }
 
 // A refusal says why an image is not shown, and what would change that.
@@ -96,13 +103,19 @@ func (x *shown) disk() diskID {
 	return diskID{key: x.e.key, gen: x.e.gen, snap: x.snap, part: x.part}
 }
 
-// gen is the node generation: the file's generation for disks and their
-// partitions, 0 for folders and plain files (whose content is not cached).
+// gen is the node generation: for disks and their partitions the file's
+// generation (identity.go), mixed with where the entry lies in the source.
+// A node keeps its source path for life, so an entry that moved (a folder
+// renamed, and another put in its place) must be a new node: otherwise the
+// kernel would be handed the old node, which still resolves the old path.
 func (x *shown) gen() uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(x.e.rel))
+	g := h.Sum64()
 	if x.e.kind == kindImage {
-		return x.e.gen
+		g ^= x.e.gen * 0x9e3779b97f4a7c15
 	}
-	return 0
+	return g | 1
 }
 
 // used is the first estimate of a disk's data bytes.
@@ -240,7 +253,7 @@ func (d *dirNode) classify(dir *os.File, name string, old *entry) *entry {
 		}
 		e.rel, e.key = target, keyOf(&e.st)
 	}
-	if old != nil && unchanged(&old.lst, &lst) && unchanged(&old.st, &e.st) && old.rel == e.rel && !old.locked {
+	if old != nil && unchanged(&old.lst, &lst) && unchanged(&old.st, &e.st) && old.rel == e.rel && !old.retry {
 		return old
 	}
 	switch e.st.Mode & syscall.S_IFMT {
@@ -288,6 +301,17 @@ const maxSnapshotTables = 64
 // why it is not shown. old is the entry's previous classification, for
 // logging a refusal once.
 func (m *mount) validate(e *entry, old *entry) {
+	defer func() {
+		// A panic of the library on this image (or its partition
+		// table) hides this image only; the folder's other entries are
+		// shown as usual.
+		if r := recover(); r != nil {
+			m.log.Error("internal error (panic) validating an image; only this image is affected",
+				"image", m.src.abs(e.rel), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			e.hidden, e.facts = true, nil
+			e.why = &refusal{image: m.src.abs(e.rel), reason: fmt.Sprintf("internal error: %v", r)}
+		}
+	}()
 	e.gen = m.ids.observe(e.key, versionOf(&e.st))
 	d := diskID{key: e.key, gen: e.gen}
 	oi, err := m.acquire(d, e.rel)
@@ -299,6 +323,7 @@ func (m *mount) validate(e *entry, old *entry) {
 	if err != nil {
 		e.hidden = true
 		e.locked = errors.Is(err, qcow2.ErrLocked)
+		e.retry = e.locked || passing(err)
 		e.why = m.refusalOf(e.rel, err)
 		if old == nil || old.why == nil || old.why.reason != e.why.reason {
 			m.log.Warn("image not shown", "image", e.why.image, "reason", e.why.reason, "hint", e.why.hint)
@@ -328,8 +353,18 @@ func (m *mount) validate(e *entry, old *entry) {
 	if !m.cfg.NoPartitions {
 		f.table = m.readPartitions(img, m.src.abs(e.rel))
 	}
+	unloadable := 0
 	for i, s := range img.Snapshots() {
 		sf := snapFacts{index: i + 1, id: s.ID, name: s.Name, size: s.Size}
+		if s.Err != nil {
+			sf.err = s.Err.Error()
+			if unloadable++; unloadable == 1 && (old == nil || old.facts == nil || !sameSnapErrs(old.facts, i, sf.err)) {
+				m.log.Warn("snapshot not shown: qemu cannot load it either", "image", m.src.abs(e.rel),
+					"snapshot", s.ID, "reason", strings.TrimPrefix(sf.err, m.src.abs(e.rel)+": "))
+			}
+			f.snaps = append(f.snaps, sf)
+			continue
+		}
 		if !m.cfg.NoPartitions && i < maxSnapshotTables {
 			if so, err := m.acquire(diskID{key: e.key, gen: e.gen, snap: i + 1}, e.rel); err == nil {
 				sf.table = m.readPartitions(so.img, describe(m.src.abs(e.rel), s.ID))
@@ -342,6 +377,12 @@ func (m *mount) validate(e *entry, old *entry) {
 	}
 	e.facts = f
 	m.usage.request(d, usageJob{rel: e.rel, end: f.size})
+}
+
+// sameSnapErrs reports whether snapshot i was refused for reason err at
+// the previous validation too (so the line is not logged again).
+func sameSnapErrs(f *imageFacts, i int, err string) bool {
+	return i < len(f.snaps) && f.snaps[i].err == err
 }
 
 // readPartitions reads a disk's partition table; nil if it has none or no
@@ -362,6 +403,17 @@ func (m *mount) readPartitions(img *qcow2.Image, what string) *partition.Table {
 		return nil
 	}
 	return t
+}
+
+// passing reports whether err is a refusal for want of something other
+// images hold (descriptors, room in the memory budget), which the next
+// scan may find free again.
+func passing(err error) bool {
+	var be *qcow2.BudgetError
+	if errors.As(err, &be) {
+		return be.Held+be.Need <= be.Limit
+	}
+	return errors.Is(err, syscall.EMFILE)
 }
 
 // refusalOf describes why the image at rel cannot be shown, with what
@@ -413,20 +465,31 @@ func (m *mount) assign(entries map[string]*entry) map[string]*shown {
 	sort.Slice(images, func(i, j int) bool { return names[images[i]] < names[images[j]] })
 	// Snapshots, by image name then table order (names.go, rule 4).
 	var disks []*shown
+	taken := func(n string) bool { return out[n] != nil }
 	for _, img := range images {
 		disks = append(disks, img)
+		unshown := 0
 		for _, sn := range img.e.facts.snaps {
+			if sn.err != "" {
+				continue // qemu cannot load it either; logged at validation
+			}
 			name, fallback := snapshotNames(names[img], sn.id, sn.name)
-			if out[name] != nil {
+			if !usable(name, taken) {
 				name = fallback
 			}
-			if out[name] != nil {
+			if !usable(name, taken) {
+				unshown++
 				continue
 			}
 			x := &shown{e: img.e, snap: sn.index, size: sn.size}
 			out[name] = x
 			names[x] = name
 			disks = append(disks, x)
+		}
+		if unshown > 0 && !img.e.snapsNoted {
+			m.log.Warn("snapshots not shown: their names and ID names are taken or longer than 255 bytes",
+				"image", m.src.abs(img.e.rel), "snapshots", unshown)
+			img.e.snapsNoted = true
 		}
 	}
 	// The folders of partitions, after every other name (parts.go).
@@ -438,7 +501,7 @@ func (m *mount) assign(entries map[string]*entry) map[string]*shown {
 				t = x.e.facts.snaps[x.snap-1].table
 			}
 			name := partsName(names[x])
-			if t == nil || out[name] != nil {
+			if t == nil || !usable(name, taken) {
 				continue
 			}
 			out[name] = &shown{e: x.e, snap: x.snap, part: partsFolder, size: x.size, table: t}

@@ -19,6 +19,9 @@ var _ = (gofs.FileLseeker)((*imageHandle)(nil))
 // the end; SEEK_HOLE returns the first hole at or after off, the end of the
 // file counting as one, ENXIO if off is at or past the end. The kernel
 // handles SEEK_SET, SEEK_CUR and SEEK_END itself and only sends these two.
+// The walk behind an answer is bounded (qcow2's SeekWork: where it runs
+// out the answer is conservative, data where unsure) and ends with EINTR
+// when the kernel interrupts the request (the caller was killed).
 func (h *imageHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
 	n := h.n
 	img := h.oi.img
@@ -35,15 +38,18 @@ func (h *imageHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uin
 	var err error
 	switch whence {
 	case unix.SEEK_DATA:
-		pos, err = img.NextData(at)
+		pos, err = img.NextDataContext(ctx, at)
 		if errors.Is(err, qcow2.ErrNoData) || (err == nil && pos >= end) {
 			return 0, syscall.ENXIO
 		}
 	case unix.SEEK_HOLE:
-		pos, err = img.NextHole(at)
+		pos, err = img.NextHoleContext(ctx, at)
 		pos = min(pos, end)
 	default:
 		return 0, syscall.EINVAL
+	}
+	if errors.Is(err, context.Canceled) {
+		return 0, syscall.EINTR
 	}
 	if err != nil {
 		return 0, n.m.readFailed(h.oi, at, err)

@@ -1,9 +1,16 @@
 package fs
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
 	"sync"
+	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
+
+	"github.com/qcowfs/qcowfs/qcow2"
 )
 
 // Disk usage: st_blocks of an image file.
@@ -11,14 +18,23 @@ import (
 // st_blocks tells `du` and `ls -s` how much an image really holds, and
 // tells `cp` whether to look for holes at all (coreutils only tries
 // SEEK_DATA when st_blocks*512 < st_size). The exact figure, the bytes
-// outside holes, needs every L2 table of the chain, so it is counted in the
-// background, one image at a time, after an image is first looked up;
+// outside holes, needs every L2 table of the chain, so it is counted in
+// the background, one image at a time, after an image is first looked up;
 // until then st_blocks is the space the image's files take on the host,
 // capped at the virtual size. When the count is done the kernel is told to
 // drop the file's cached attributes.
+//
+// A count is bounded: by the library's work budget for it
+// (qcow2.CountWork: tables that repeat are walked once, unallocated
+// stretches skipped), and by usageTimeout; one that does not finish leaves
+// the estimate in place, with one log line. Counts stop when the mount
+// ends.
 
 // maxUsageEntries bounds the usage table; it is cleared when full.
 const maxUsageEntries = 1 << 16
+
+// usageTimeout bounds one image's count.
+const usageTimeout = 2 * time.Minute
 
 type usageTable struct {
 	mu      sync.Mutex
@@ -132,15 +148,21 @@ func (u *usageTable) watch(v diskID, n *gofs.Inode) {
 	u.nodes[v] = n
 }
 
-// countUsage counts queued images until the process ends.
-func (m *mount) countUsage() {
+// countUsage counts queued images until ctx is done.
+func (m *mount) countUsage(ctx context.Context) {
 	u := m.usage
-	for v := range u.queue {
+	for {
+		var v diskID
+		select {
+		case <-ctx.Done():
+			return
+		case v = <-u.queue:
+		}
 		u.mu.Lock()
 		job := u.pending[v]
 		u.mu.Unlock()
 
-		n, err := m.dataBytes(v, job)
+		n, err := m.dataBytes(ctx, v, job)
 		u.mu.Lock()
 		delete(u.pending, v)
 		if err == nil {
@@ -152,7 +174,12 @@ func (m *mount) countUsage() {
 		node := u.nodes[v]
 		u.mu.Unlock()
 		if err != nil {
-			m.log.Debug("cannot count the data of an image", "image", m.src.abs(job.rel), "err", err)
+			if errors.Is(err, qcow2.ErrWalkBudget) || errors.Is(err, context.DeadlineExceeded) {
+				m.log.Warn("the data of an image was not counted: its tables need more than a bounded walk; st_blocks stays an estimate",
+					"image", m.src.abs(job.rel), "err", err)
+			} else {
+				m.log.Debug("cannot count the data of an image", "image", m.src.abs(job.rel), "err", err)
+			}
 			continue
 		}
 		if node != nil {
@@ -163,12 +190,22 @@ func (m *mount) countUsage() {
 }
 
 // dataBytes counts the data of a disk, sharing the open image (and so its
-// block status index) with readers.
-func (m *mount) dataBytes(d diskID, job usageJob) (int64, error) {
+// block status index) with readers. A panic of the library fails this
+// count only.
+func (m *mount) dataBytes(ctx context.Context, d diskID, job usageJob) (n int64, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			m.log.Error("internal error (panic) counting the data of an image; only this image is affected",
+				"image", m.src.abs(job.rel), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			n, err = 0, fmt.Errorf("internal error: %v", r)
+		}
+	}()
 	oi, err := m.acquire(d, job.rel)
 	if err != nil {
 		return 0, err
 	}
 	defer m.release(oi)
-	return oi.img.DataBytesIn(job.start, job.end)
+	ctx, cancel := context.WithTimeout(ctx, usageTimeout)
+	defer cancel()
+	return oi.img.DataBytesInContext(ctx, job.start, job.end)
 }

@@ -62,24 +62,34 @@ func (c *chain) open(image HostFile, field, name string, writable bool) (HostFil
 }
 
 // openQcow2 reads the qcow2 image in f with its data file and backing
-// chain. It owns f: on error, f is closed.
-func (c *chain) openQcow2(f HostFile, depth int) (l *layer, err error) {
-	l, err = newQcow2Layer(f, depth, &c.opts)
+// chain. It owns f: on error, f is closed, and so is everything opened
+// for it.
+func (c *chain) openQcow2(f HostFile, depth int) (*layer, error) {
+	l, err := newQcow2Layer(f, depth, &c.opts)
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			for x := l; x != nil; x = x.backing {
-				x.file.Close()
-				if x.dataFile != nil {
-					x.dataFile.Close()
-				}
-			}
+	if err := c.completeQcow2(l, depth); err != nil {
+		for x := l; x != nil; x = x.backing {
+			x.close()
 		}
-	}()
-	h, name := l.hdr, l.name
+		return nil, err
+	}
+	return l, nil
+}
+
+// completeQcow2 builds the metadata map of the qcow2 layer l and opens its
+// data file and backing chain.
+func (c *chain) completeQcow2(l *layer, depth int) error {
+	// The metadata map is built now: an image whose metadata cannot be
+	// mapped (or does not fit in the budget) is refused, never served
+	// without the check that keeps metadata out of guest data. Lenient
+	// opens (the image check) go on without it; their reads then fail.
+	if _, err := l.metadata(); err != nil && !c.opts.LenientTables {
+		return err
+	}
+	h, name, f := l.hdr, l.name, l.file
 	if h.IncompatibleFeatures&IncompatCorrupt != 0 && c.opts.Warnf != nil {
 		c.opts.Warnf("%s: corrupt bit set: qemu found the image inconsistent; reading it anyway (read-only) as asked", name)
 	}
@@ -87,28 +97,30 @@ func (c *chain) openQcow2(f HostFile, depth int) (l *layer, err error) {
 		c.opts.Warnf("%s: dirty bit set (not cleanly closed); refcounts may be stale, which does not matter for reading", name)
 	}
 	if h.IncompatibleFeatures&IncompatExternalData != 0 {
-		if l.dataFile, err = c.open(f, "data file", h.DataFile, depth == 0 && c.opts.Writable); err != nil {
-			return nil, fmt.Errorf("%s: data file: %w", name, err)
-		}
-		size, err := l.dataFile.Size()
+		df, err := c.open(f, "data file", h.DataFile, depth == 0 && c.opts.Writable)
 		if err != nil {
-			return nil, err
+			return fmt.Errorf("%s: data file: %w", name, err)
+		}
+		l.dataFile = df
+		size, err := df.Size()
+		if err != nil {
+			return err
 		}
 		l.dataLen.Store(size)
 	}
 	if h.BackingFile == "" || c.opts.NoBacking {
-		return l, nil
+		return nil
 	}
 	if depth+1 > c.opts.MaxChainDepth {
-		return nil, &RefusedError{File: name, Field: "backing file", Name: h.BackingFile,
+		return &RefusedError{File: name, Field: "backing file", Name: h.BackingFile,
 			Reason: fmt.Sprintf("backing chain deeper than %d", c.opts.MaxChainDepth)}
 	}
 	b, err := c.open(f, "backing file", h.BackingFile, false)
 	if err != nil {
-		return nil, fmt.Errorf("%s: backing file: %w", name, err)
+		return fmt.Errorf("%s: backing file: %w", name, err)
 	}
 	l.backing, err = c.openBacking(name, b, h.BackingFormat, depth+1)
-	return l, err
+	return err
 }
 
 // openBacking opens the backing file f of image parent in format fmt

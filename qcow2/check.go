@@ -1,6 +1,7 @@
 package qcow2
 
 import (
+	"context"
 	"fmt"
 )
 
@@ -16,6 +17,15 @@ import (
 // refcounts are corruptions, with the same counting rules as qemu's
 // block/qcow2-refcount.c, so the numbers agree with qemu-img check. The
 // image is never written.
+//
+// Unlike qemu, the work and memory are bounded by what the image holds,
+// not by the size of its file: references are counted in pages allocated
+// where references fall (check_counts.go), so a file extended sparsely to
+// terabytes costs what its metadata costs; an L2 table that many L1
+// entries name is walked once and its references counted as many times as
+// it is named; refcount blocks that nothing references are summed once per
+// distinct block. Everything the check holds is charged to the memory
+// budget, and it stops when its context is done.
 
 // CheckResult has the fields of `qemu-img check --output=json`.
 type CheckResult struct {
@@ -30,38 +40,60 @@ type CheckResult struct {
 	FragmentedClusters int64  `json:"fragmented-clusters,omitempty"`
 	CompressedClusters int64  `json:"compressed-clusters,omitempty"`
 	// Messages describe each problem found, in qemu's wording where it
-	// has one (qemu-img check prints them on stderr).
+	// has one (qemu-img check prints them on stderr), the first
+	// maxCheckMessages of them.
 	Messages []string `json:"-"`
 }
 
 const (
 	reftReserved   = 0x1ff
 	checkTableBits = 32 // refcounts counted in uint32s
+	// maxCheckMessages bounds Messages; further problems are counted,
+	// and summed up in one last message.
+	maxCheckMessages = 10000
 )
 
 // checker holds the state of one check.
 type checker struct {
+	ctx      context.Context
 	l        *layer
 	res      *CheckResult
-	refs     []uint32 // references counted per host cluster
-	maxRef   uint64   // the image's largest refcount
+	refs     *counters // references counted per host cluster
+	maxRef   uint64    // the image's largest refcount
 	progress func(done, total int64)
 	done     int64
 	total    int64
+	unlisted int64 // problems beyond maxCheckMessages
 	// buf and words are readCluster's, reused for every table: a check
 	// reads thousands of them, and fresh buffers cost page faults.
 	buf   []byte
 	words []uint64
 }
 
-func (c *checker) errorf(format string, args ...any) {
-	c.res.Corruptions++
-	c.res.Messages = append(c.res.Messages, "ERROR "+fmt.Sprintf(format, args...))
+func (c *checker) message(m string) {
+	if len(c.res.Messages) < maxCheckMessages {
+		c.res.Messages = append(c.res.Messages, m)
+	} else {
+		c.unlisted++
+	}
 }
 
-func (c *checker) notef(format string, args ...any) {
-	c.res.Messages = append(c.res.Messages, fmt.Sprintf(format, args...))
+// errorfN counts n corruptions of one kind, listing the first.
+func (c *checker) errorfN(n int64, format string, args ...any) {
+	if n <= 0 {
+		return
+	}
+	c.res.Corruptions += n
+	m := "ERROR " + fmt.Sprintf(format, args...)
+	for ; n > 0 && len(c.res.Messages) < maxCheckMessages; n-- {
+		c.res.Messages = append(c.res.Messages, m)
+	}
+	c.unlisted += n
 }
+
+func (c *checker) errorf(format string, args ...any) { c.errorfN(1, format, args...) }
+
+func (c *checker) notef(format string, args ...any) { c.message(fmt.Sprintf(format, args...)) }
 
 // Check checks the image's metadata like qemu-img check (of the image
 // itself, not its backing files) and returns what it found. progress, if
@@ -69,60 +101,106 @@ func (c *checker) notef(format string, args ...any) {
 // all. An error means the check could not complete (qemu-img's exit
 // status 1); problems in the image are in the result.
 func (img *Image) Check(progress func(done, total int64)) (*CheckResult, error) {
+	return img.CheckContext(context.Background(), progress)
+}
+
+// CheckContext is Check, stopping with ctx's error when ctx is done.
+func (img *Image) CheckContext(ctx context.Context, progress func(done, total int64)) (*CheckResult, error) {
 	l := img.top
 	cs := l.clusterSize()
 	c := &checker{
+		ctx:      ctx,
 		l:        l,
 		res:      &CheckResult{Filename: l.name, Format: "qcow2"},
-		refs:     make([]uint32, (l.fsize()+cs-1)/cs),
+		refs:     newCounters(l.budget),
 		maxRef:   min(uint64(1)<<(1<<l.hdr.RefcountOrder)-1, 1<<checkTableBits-1),
 		progress: progress,
 	}
-	c.res.TotalClusters = int64((img.top.hdr.Size + uint64(cs) - 1) >> l.clusterBits)
-	if err := c.run(); err != nil {
-		return c.res, err
+	defer c.refs.free()
+	c.res.TotalClusters = (virtualSize(l.hdr.Size) + cs - 1) >> l.clusterBits
+	err := c.run()
+	if err == nil {
+		err = c.refs.err
 	}
-	return c.res, nil
+	if c.unlisted > 0 {
+		c.res.Messages = append(c.res.Messages, fmt.Sprintf("... and %d more problems, not listed", c.unlisted))
+	}
+	return c.res, err
 }
+
+// l2Use is how often the L1 tables name one L2 table: from the active
+// table (whose clusters are counted in the statistics) and in all.
+type l2Use struct {
+	off           int64
+	active, total int64
+}
+
+// l2Uses collects the L2 tables the L1 tables name, in the order they are
+// first named, each once.
+type l2Uses struct {
+	order []*l2Use
+	byOff map[int64]*l2Use
+}
+
+// l2UseBytes is what one distinct L2 table costs the check in memory.
+const l2UseBytes = 96
 
 func (c *checker) run() error {
 	l, h := c.l, c.l.hdr
 	cs := l.clusterSize()
 
-	// What the L2 tables to walk are, for progress.
-	active, err := l.meta.words(int64(h.L1TableOffset), int64(h.L1Size), "L1 table")
+	// The L1 tables: the active one and every snapshot's, read as qemu
+	// reads them (past the end of the file as zeros).
+	active, err := c.readL1(int64(h.L1TableOffset), int64(h.L1Size), "L1 table")
 	if err != nil {
 		return err
 	}
-	snapL1s := make([][]uint64, len(l.snapshots))
-	for i, s := range l.snapshots {
-		if s.L1TableOffset%uint64(cs) == 0 && uint64(s.L1Size)*8 <= maxL1Bytes {
-			if snapL1s[i], err = l.meta.words(int64(s.L1TableOffset), int64(s.L1Size), "snapshot L1 table"); err != nil {
-				return err
-			}
-		}
-	}
-	for _, t := range append([][]uint64{active}, snapL1s...) {
-		for _, e := range t {
-			if e != 0 {
-				c.total++
-			}
-		}
-	}
+	defer l.budget.sub(int64(len(active)) * 8)
 
+	uses := &l2Uses{byOff: map[int64]*l2Use{}}
+	defer func() { l.budget.sub(int64(len(uses.order)) * l2UseBytes) }()
 	c.inc(0, cs) // the header
-	if err := c.checkL1(active, int64(h.L1TableOffset), true); err != nil {
+	if err := c.checkL1(uses, active, int64(h.L1TableOffset), true); err != nil {
 		return err
 	}
 	if l.external() && len(l.snapshots) > 0 {
 		c.errorf("%d snapshots in image with data file", len(l.snapshots))
 	}
-	for i, s := range l.snapshots {
+	var snapRead int64
+	for _, s := range l.snapshots {
 		if s.L1TableOffset%uint64(cs) != 0 {
 			c.errorf("snapshot %s (%s) l1_offset=%#x: L1 table is not cluster aligned; snapshot table entry corrupted", s.ID, s.Name, s.L1TableOffset)
 			continue
 		}
-		if err := c.checkL1(snapL1s[i], int64(s.L1TableOffset), false); err != nil {
+		if uint64(s.L1Size)*8 > maxL1Bytes {
+			c.errorf("snapshot %s (%s) l1_size=%#x: L1 table is too large; snapshot table entry corrupted", s.ID, s.Name, s.L1Size)
+			continue
+		}
+		if snapRead += int64(s.L1Size) * 8; snapRead > maxMapTableBytes {
+			return fmt.Errorf("%s: the snapshots' L1 tables hold more than %d bytes: %w", l.name, maxMapTableBytes, ErrCorrupt)
+		}
+		t, err := c.readL1(int64(s.L1TableOffset), int64(s.L1Size), "snapshot L1 table")
+		if err != nil {
+			return err
+		}
+		err = c.checkL1(uses, t, int64(s.L1TableOffset), false)
+		l.budget.sub(int64(len(t)) * 8)
+		if err != nil {
+			return err
+		}
+	}
+	// Every distinct L2 table once, its references counted as often as
+	// the L1 tables name it.
+	c.total = int64(len(uses.order))
+	for _, u := range uses.order {
+		if err := c.ctx.Err(); err != nil {
+			return err
+		}
+		c.done++
+		if c.progress != nil && c.done%64 == 0 {
+			c.progress(c.done, c.total)
+		}
+		if err := c.checkL2(u); err != nil {
 			return err
 		}
 	}
@@ -134,36 +212,57 @@ func (c *checker) run() error {
 	if err := c.checkRefblocks(); err != nil {
 		return err
 	}
-	highest := c.compare()
-	if err := c.checkCopied(active); err != nil {
+	highest, err := c.compare()
+	if err != nil {
+		return err
+	}
+	if err := c.checkCopied(uses, active); err != nil {
 		return err
 	}
 	c.res.ImageEndOffset = (highest + 1) * cs
 	return nil
 }
 
-// inc counts a reference to every cluster of [off, off+size), like qemu's
-// qcow2_inc_refcounts_imrt: a range ending a cluster or more past the end
-// of the file is a corruption and is not counted (the last cluster may
-// legitimately be cut short).
-func (c *checker) inc(off, size int64) {
-	if size <= 0 {
+// readL1 reads an L1 table of n entries at off, charged to the budget;
+// like qemu's reads, what lies past the end of the file reads as zeros.
+func (c *checker) readL1(off, n int64, what string) ([]uint64, error) {
+	l := c.l
+	if err := l.budget.add(n*8, what); err != nil {
+		return nil, err
+	}
+	t := make([]uint64, n)
+	inFile := max(0, min(n, (l.fsize()-off)/8))
+	if inFile > 0 {
+		buf := make([]byte, inFile*8)
+		if err := l.meta.read(buf, off, what); err != nil {
+			l.budget.sub(n * 8)
+			return nil, err
+		}
+		decodeWords(t[:inFile], buf)
+	}
+	return t, nil
+}
+
+// inc counts a reference to every cluster of [off, off+size).
+func (c *checker) inc(off, size int64) { c.incN(off, size, 1) }
+
+// incN counts n references to every cluster of [off, off+size), like n
+// calls of qemu's qcow2_inc_refcounts_imrt: a range ending a cluster or
+// more past the end of the file is a corruption and is not counted (the
+// last cluster may legitimately be cut short).
+func (c *checker) incN(off, size, n int64) {
+	if size <= 0 || n <= 0 {
 		return
 	}
 	cs := c.l.clusterSize()
-	if off+size-c.l.fsize() >= cs {
-		c.errorf("counting reference for region exceeding the end of the file by one cluster or more: offset %#x size %#x", off, size)
+	if off < 0 || off > c.l.fsize() || size-(c.l.fsize()-off) >= cs {
+		c.errorfN(n, "counting reference for region exceeding the end of the file by one cluster or more: offset %#x size %#x", off, size)
 		return
 	}
 	for k := off >> c.l.clusterBits; k <= (off+size-1)>>c.l.clusterBits; k++ {
-		if k >= int64(len(c.refs)) {
-			c.refs = append(c.refs, make([]uint32, k+1-int64(len(c.refs)))...)
+		if over := c.refs.add(k, n, c.maxRef); over > 0 {
+			c.errorfN(over, "overflow cluster offset=%#x", k<<c.l.clusterBits)
 		}
-		if uint64(c.refs[k]) >= c.maxRef {
-			c.errorf("overflow cluster offset=%#x", k<<c.l.clusterBits)
-			continue
-		}
-		c.refs[k]++
 	}
 }
 
@@ -184,8 +283,9 @@ func (c *checker) readCluster(off int64) ([]uint64, error) {
 	return c.words, nil
 }
 
-// checkL1 counts an L1 table and everything it references.
-func (c *checker) checkL1(l1 []uint64, off int64, active bool) error {
+// checkL1 counts an L1 table and checks its entries; the L2 tables it
+// names are noted in uses, to be walked once each.
+func (c *checker) checkL1(uses *l2Uses, l1 []uint64, off int64, active bool) error {
 	if len(l1) == 0 {
 		return nil
 	}
@@ -195,31 +295,39 @@ func (c *checker) checkL1(l1 []uint64, off int64, active bool) error {
 		if e == 0 {
 			continue
 		}
-		c.done++
-		if c.progress != nil && c.done%64 == 0 {
-			c.progress(c.done, c.total)
-		}
 		if l1Entry(e).reserved() != 0 {
 			c.errorf("found L1 entry with reserved bits set: %x", e)
 		}
 		l2 := l1Entry(e).l2Offset()
-		c.inc(l2, cs)
 		if l2&(cs-1) != 0 {
 			c.errorf("l2_offset=%x: Table is not cluster aligned; L1 entry corrupted", l2)
 		}
-		if err := c.checkL2(l2, active); err != nil {
-			return err
+		u := uses.byOff[l2]
+		if u == nil {
+			if err := c.l.budget.add(l2UseBytes, "image check"); err != nil {
+				return err
+			}
+			u = &l2Use{off: l2}
+			uses.byOff[l2] = u
+			uses.order = append(uses.order, u)
+		}
+		u.total++
+		if active {
+			u.active++
 		}
 	}
 	return nil
 }
 
-// checkL2 counts one L2 table's clusters, gathering cluster statistics for
-// the active table, as qemu's check_refcounts_l2.
-func (c *checker) checkL2(off int64, active bool) error {
+// checkL2 counts one L2 table's clusters, as qemu's check_refcounts_l2
+// does each time an L1 entry names the table: u.total times, the
+// statistics u.active times.
+func (c *checker) checkL2(u *l2Use) error {
 	l := c.l
 	cs := l.clusterSize()
-	t, err := c.readCluster(off)
+	n, act := u.total, u.active
+	c.incN(u.off, cs, n) // the table itself
+	t, err := c.readCluster(u.off)
 	if err != nil {
 		c.res.CheckErrors++
 		c.notef("ERROR: I/O error in check_refcounts_l2: %v", err)
@@ -227,6 +335,7 @@ func (c *checker) checkL2(off int64, active bool) error {
 	}
 	words := l.l2EntryWords()
 	var nextContiguous int64
+	mm, mmErr := l.metadata()
 	for i := 0; i+words <= len(t); i += words {
 		e := l2Entry{word: t[i]}
 		if words == 2 {
@@ -234,7 +343,7 @@ func (c *checker) checkL2(off int64, active bool) error {
 		}
 		compressed := e.compressed()
 		if !compressed && e.word&l2StdReserved != 0 {
-			c.errorf("found l2 entry with reserved bits set: %x", e.word)
+			c.errorfN(n, "found l2 entry with reserved bits set: %x", e.word)
 		}
 		offset := e.word & l2OffsetMask
 		allocated := e.allocated(l.external())
@@ -242,28 +351,26 @@ func (c *checker) checkL2(off int64, active bool) error {
 		case compressed:
 			if e.copied() {
 				coff, _ := l.compressedRange(l2Entry{word: e.word &^ oflagCopied})
-				c.errorf("coffset=%#x: copied flag must never be set for compressed clusters", coff)
+				c.errorfN(n, "coffset=%#x: copied flag must never be set for compressed clusters", coff)
 				e.word &^= oflagCopied
 			}
 			if l.external() {
-				c.errorf("compressed cluster %d with data file, entry=%#x", i/words, e.word)
+				c.errorfN(n, "compressed cluster %d with data file, entry=%#x", i/words, e.word)
 				continue
 			}
 			if e.bitmap != 0 {
-				c.errorf("compressed cluster %d with non-zero subcluster allocation bitmap, entry=%#x", i/words, e.word)
+				c.errorfN(n, "compressed cluster %d with non-zero subcluster allocation bitmap, entry=%#x", i/words, e.word)
 				continue
 			}
 			coff, csize := l.compressedRange(e)
-			c.inc(coff, csize)
-			if active {
-				c.res.AllocatedClusters++
-				c.res.CompressedClusters++
-				c.res.FragmentedClusters++
-			}
+			c.incN(coff, csize, n)
+			c.res.AllocatedClusters += act
+			c.res.CompressedClusters += act
+			c.res.FragmentedClusters += act
 		case allocated && (l.extendedL2 || e.word&oflagZero == 0 || offset != 0):
 			// Normal, or preallocated zero.
 			if (e.bitmap>>32)&e.bitmap != 0 {
-				c.errorf("offset=%x: Allocated cluster has corrupted subcluster allocation bitmap", offset)
+				c.errorfN(n, "offset=%x: Allocated cluster has corrupted subcluster allocation bitmap", offset)
 			}
 			if int64(offset)&(cs-1) != 0 {
 				hasData := e.word&oflagZero == 0
@@ -271,28 +378,28 @@ func (c *checker) checkL2(off int64, active bool) error {
 					hasData = e.bitmap&subclusterAllocMask != 0
 				}
 				if hasData {
-					c.errorf("offset=%x: Data cluster is not properly aligned; L2 entry corrupted.", offset)
+					c.errorfN(n, "offset=%x: Data cluster is not properly aligned; L2 entry corrupted.", offset)
 				} else {
-					c.errorf("offset=%x: Preallocated cluster is not properly aligned; L2 entry corrupted.", offset)
+					c.errorfN(n, "offset=%x: Preallocated cluster is not properly aligned; L2 entry corrupted.", offset)
 				}
 			}
-			if active {
-				c.res.AllocatedClusters++
+			if act > 0 {
+				c.res.AllocatedClusters += act
 				if nextContiguous != 0 && int64(offset) != nextContiguous {
-					c.res.FragmentedClusters++
+					c.res.FragmentedClusters += act
 				}
 				nextContiguous = int64(offset) + cs
 			}
 			if !l.external() {
-				c.inc(int64(offset), cs)
-				if mm, err := l.metadata(); err == nil {
+				c.incN(int64(offset), cs, n)
+				if mmErr == nil {
 					if r, ok := mm.Overlap(int64(offset), int64(offset)+cs); ok {
-						c.notef("data cluster at %#x (L2 table at %#x, entry %d) overlaps the %s at %#x", offset, off, i/words, r.Kind, r.Start)
+						c.notef("data cluster at %#x (L2 table at %#x, entry %d) overlaps the %s at %#x", offset, u.off, i/words, r.Kind, r.Start)
 					}
 				}
 			}
 		case !allocated && e.bitmap&subclusterAllocMask != 0:
-			c.errorf("Unallocated cluster has non-zero subcluster allocation bitmap, entry=%#x", e.word)
+			c.errorfN(n, "Unallocated cluster has non-zero subcluster allocation bitmap, entry=%#x", e.word)
 		}
 	}
 	return nil
@@ -300,14 +407,10 @@ func (c *checker) checkL2(off int64, active bool) error {
 
 // checkBitmaps counts the bitmap directory, tables and data clusters.
 func (c *checker) checkBitmaps() error {
-	var b metaBuilder
-	if err := c.l.addBitmaps(&b); err != nil {
+	err := c.l.addBitmaps(func(start, length int64, _ MetaKind, times int64) { c.incN(start, length, times) }, false)
+	if err != nil {
 		c.res.CheckErrors++
 		c.notef("ERROR: %v", err)
-		return nil
-	}
-	for _, r := range b.ranges {
-		c.inc(r.Start, r.End-r.Start)
 	}
 	return nil
 }
@@ -337,7 +440,7 @@ func (c *checker) checkRefblocks() error {
 		}
 		if off != 0 {
 			c.inc(off, cs)
-			if n := c.refs[off>>c.l.clusterBits]; n != 1 {
+			if n := c.refs.get(off >> c.l.clusterBits); n != 1 {
 				c.errorf("refcount block %d refcount=%d", i, n)
 			}
 		}
@@ -345,36 +448,114 @@ func (c *checker) checkRefblocks() error {
 	return nil
 }
 
-// compare compares stored refcounts with the counted references and
-// returns the highest cluster in use.
-func (c *checker) compare() int64 {
-	var highest int64
-	for i := range c.refs {
-		stored, err := c.l.refcount(int64(i))
+// blockSummary is what a refcount block holds over its first limit
+// entries: how many are not zero, and the last of those (-1: none).
+type blockSummary struct {
+	nonzero, last int64
+}
+
+// compare compares stored refcounts with the counted references, in
+// cluster order, and returns the highest cluster in use. Clusters are
+// those of the file, and any beyond it that a reference names; a cluster
+// that a refcount block covers is compared one by one only if some
+// reference falls in its block (or problems are still being listed),
+// else the block's non-zero entries are leaks, summed once per distinct
+// block.
+func (c *checker) compare() (int64, error) {
+	l := c.l
+	cs := l.clusterSize()
+	width := int64(1) << l.hdr.RefcountOrder
+	perBlock := cs * 8 / width
+	end := max((l.fsize()+cs-1)/cs, c.refs.end())
+	table, err := l.refcountTable()
+	if err != nil {
+		return 0, err
+	}
+	highest := int64(0)
+	summaries := map[[2]int64]blockSummary{}
+
+	// counted compares the clusters of [from, to) that have references
+	// and no refcount block: each is a corruption.
+	counted := func(from, to int64) {
+		c.refs.each(from, to, func(k int64, n uint64) {
+			highest = k
+			c.res.Corruptions++
+			c.notef("ERROR cluster %d refcount=%d reference=%d", k, 0, n)
+		})
+	}
+	pos := int64(0)
+	for ti := int64(0); ti < int64(len(table)) && ti*perBlock < end; ti++ {
+		if ti&1023 == 0 {
+			if err := c.ctx.Err(); err != nil {
+				return 0, err
+			}
+		}
+		start := ti * perBlock
+		limit := min(perBlock, end-start)
+		words, off, err := l.refcountBlock(ti)
+		if words == nil && err == nil {
+			continue // no block: counted below, with the gaps
+		}
+		counted(pos, start)
+		pos = start + limit
 		if err != nil {
-			c.res.CheckErrors++
-			c.notef("Can't get refcount for cluster %d: %v", i, err)
+			// Every cluster of the block: refcount unknown.
+			c.res.CheckErrors += limit
+			c.notef("Can't get refcount for clusters %d to %d: %v", start, start+limit-1, err)
 			continue
 		}
-		counted := uint64(c.refs[i])
-		if stored > 0 || counted > 0 {
-			highest = int64(i)
+		if !c.refs.any(start, start+limit) {
+			// Nothing references this block's clusters: its
+			// non-zero entries are leaks, summed once per distinct
+			// block (listed one by one while problems are listed).
+			key := [2]int64{off, limit}
+			s, ok := summaries[key]
+			if !ok {
+				s = blockSummary{last: -1}
+				for i := int64(0); i < limit; i++ {
+					if blockRefcount(words, i, width) != 0 {
+						s.nonzero++
+						s.last = i
+					}
+				}
+				summaries[key] = s
+			}
+			if s.nonzero == 0 {
+				continue
+			}
+			highest = start + s.last
+			if len(c.res.Messages) >= maxCheckMessages {
+				c.res.Leaks += s.nonzero
+				c.unlisted += s.nonzero
+				continue
+			}
 		}
-		switch {
-		case stored < counted:
-			c.res.Corruptions++
-			c.notef("ERROR cluster %d refcount=%d reference=%d", i, stored, counted)
-		case stored > counted:
-			c.res.Leaks++
-			c.notef("Leaked cluster %d refcount=%d reference=%d", i, stored, counted)
+		for i := int64(0); i < limit; i++ {
+			k := start + i
+			stored := blockRefcount(words, i, width)
+			n := c.refs.get(k)
+			if stored > 0 || n > 0 {
+				highest = k
+			}
+			switch {
+			case stored < n:
+				c.res.Corruptions++
+				c.notef("ERROR cluster %d refcount=%d reference=%d", k, stored, n)
+			case stored > n:
+				c.res.Leaks++
+				c.notef("Leaked cluster %d refcount=%d reference=%d", k, stored, n)
+			}
 		}
 	}
-	return highest
+	counted(pos, end)
+	return highest, nil
 }
 
 // checkCopied checks the COPIED flags of the active tables against the
-// refcounts: set exactly when the refcount is 1.
-func (c *checker) checkCopied(active []uint64) error {
+// refcounts: set exactly when the refcount is 1. Each distinct L2 table is
+// read once; what it gets wrong counts as often as the active L1 table
+// names it.
+func (c *checker) checkCopied(uses *l2Uses, active []uint64) error {
 	l := c.l
 	for i, e := range active {
 		l2 := l1Entry(e).l2Offset()
@@ -388,7 +569,18 @@ func (c *checker) checkCopied(active []uint64) error {
 		if (rc == 1) != l1Entry(e).copied() {
 			c.errorf("OFLAG_COPIED L2 cluster: l1_index=%d l1_entry=%x refcount=%d", i, e, rc)
 		}
-		t, err := c.readCluster(l2)
+	}
+	for _, u := range uses.order {
+		if u.active == 0 || u.off == 0 {
+			continue
+		}
+		if _, err := l.refcount(u.off >> l.clusterBits); err != nil {
+			continue
+		}
+		if err := c.ctx.Err(); err != nil {
+			return err
+		}
+		t, err := c.readCluster(u.off)
 		if err != nil {
 			c.res.CheckErrors++
 			c.notef("ERROR: Could not read L2 table: %v", err)
@@ -411,7 +603,7 @@ func (c *checker) checkCopied(active []uint64) error {
 				}
 			}
 			if (rc == 1) != e.copied() {
-				c.errorf("OFLAG_COPIED data cluster: l2_entry=%x refcount=%d", e.word, rc)
+				c.errorfN(u.active, "OFLAG_COPIED data cluster: l2_entry=%x refcount=%d", e.word, rc)
 			}
 		}
 	}

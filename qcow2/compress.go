@@ -37,6 +37,21 @@ import (
 // compressedRange decodes the host byte range of a compressed entry.
 func (l *layer) compressedRange(e l2Entry) (off, size int64) { return e.compressedRange(l.clusterBits) }
 
+// checkCompressed fails when the compressed stream of entry e (found at
+// entryOff) lies past the end of the file or in the image's metadata.
+func (l *layer) checkCompressed(e l2Entry, entryOff int64) error {
+	if l.external() {
+		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
+			Msg: "compressed cluster in an image with an external data file"}
+	}
+	coff, csize := l.compressedRange(e)
+	if coff >= l.fsize() {
+		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
+			Msg: fmt.Sprintf("compressed cluster at byte offset %d is past the end of the file (%d bytes)", coff, l.fsize())}
+	}
+	return l.checkNotMetadata(coff, min(csize, l.fsize()-coff), e, entryOff)
+}
+
 // decompressor decompresses whole clusters of one layer, reusing decoder
 // state and input buffers through pools.
 type decompressor struct {
@@ -114,15 +129,13 @@ func (l *layer) compressedReader() *readahead.Reader {
 // inflate decompresses the compressed cluster e (found at entryOff) into
 // dst, one cluster long.
 func (l *layer) inflate(dst []byte, e l2Entry, entryOff int64) error {
-	if l.external() {
-		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
-			Msg: "compressed cluster in an image with an external data file"}
+	// The stream must lie in the file, and not in the image's own
+	// metadata (block status reports the cluster as data, as qemu does;
+	// reading it is what must not hand metadata out).
+	if err := l.checkCompressed(e, entryOff); err != nil {
+		return err
 	}
 	coff, csize := l.compressedRange(e)
-	if coff >= l.fsize() {
-		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
-			Msg: fmt.Sprintf("compressed cluster at byte offset %d is past the end of the file (%d bytes)", coff, l.fsize())}
-	}
 	// The last sector may be cut short by the end of the file, as qemu
 	// writes it; the compressed stream itself must still be complete.
 	csize = min(csize, l.fsize()-coff)

@@ -32,20 +32,32 @@
 //   - opener.go: the default opener of local backing and data files, with
 //     name resolution and confinement.
 //   - extent.go: block status (what a guest range is and where it lives).
-//   - holes.go: the lseek hole index (NextData, NextHole, DataBytes).
+//   - holes.go: the lseek hole index (NextData, NextHole, DataBytes),
+//     its bounded, interruptible walks.
 //   - stats.go: counters and allocated bytes.
 //   - compress.go, inflate_*.go: deflate and zstd compressed clusters.
-//   - refcount.go: reading refcounts; metadata preallocation detection.
+//   - refcount.go: reading refcounts.
+//   - prealloc.go: metadata preallocation detection, by refcount block.
 //   - metadata.go: the metadata map, for overlap checks.
 //   - snapshot.go: internal snapshots.
 //   - bitmap.go: persistent bitmaps (located, never used).
 //   - check.go: the image check, qemu-img check without repairs.
+//   - check_counts.go: the check's reference counts, paged where they fall.
+//   - budget.go: the memory budget for structures an image file sizes.
 //   - lock.go: qemu's OFD image locks.
 //   - info.go, map.go: what `qcowfs info` and `qcowfs map` print.
 //   - crypt.go: describing encrypted images (AES, the LUKS header), which
 //     are not read.
 //   - probe.go: the build's inflater, lock probing without locks, locks on
 //     raw files.
+//
+// Hostile input: every offset and length read from a file is checked
+// before it is added to anything; every structure is within qemu's limits
+// (block/qcow2.h, qcow2-bitmap.c) and charged to a memory budget
+// (Options.Budget) before it is allocated; every walk over tables is
+// bounded in work, cheap when tables repeat, and stops with its context
+// (the *Context methods); an image whose metadata cannot be mapped is
+// refused rather than read unchecked.
 //
 // Everything hangs off the opened Image; there is no package-level state.
 // An Image is safe for concurrent use by many goroutines.

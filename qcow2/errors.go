@@ -30,6 +30,9 @@ var (
 	// bytes than the file held when it was opened: the file shrank
 	// under us.
 	ErrShortRead = errors.New("short read: the file is shorter than when it was opened")
+	// ErrBudget means a structure of the image does not fit in the memory
+	// budget (Options.Budget). Every *BudgetError wraps it.
+	ErrBudget = errors.New("over the memory budget")
 )
 
 // A FormatError reports a malformed field: which file, which field (named as

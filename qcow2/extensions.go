@@ -44,8 +44,9 @@ func (r *headerReader) parseExtensions(h *Header) error {
 				h.FeatureNames = append(h.FeatureNames, FeatureName{Type: e[0], Bit: e[1], Name: string(name)})
 			}
 		case extBitmaps:
-			if length < 24 {
-				return r.badAt("bitmaps extension length", uint64(length), off+4, "shorter than 24 bytes")
+			if length != 24 {
+				// qemu: "bitmaps_ext: Invalid extension length".
+				return r.badAt("bitmaps extension length", uint64(length), off+4, "must be 24 bytes")
 			}
 			h.HasBitmaps = true
 			h.Bitmaps = BitmapsExtension{

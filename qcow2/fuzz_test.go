@@ -2,6 +2,7 @@ package qcow2
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"os"
 	"os/exec"
@@ -55,6 +56,15 @@ func FuzzHeader(f *testing.F) {
 		f.Add(b[:min(len(b), 4096)])
 	}
 	f.Add([]byte("QFI\xfb"))
+	// Every 8- and 4-byte header field near the top of its range (the
+	// sums a parser forms from them must not wrap).
+	for _, b := range seedImages(f) {
+		for _, fl := range edgeFields {
+			for _, v := range []uint64{^uint64(0), 0xffffffffffff0000} {
+				f.Add(patchedCopy(b[:min(len(b), 4096)], fl.off, fl.width, v))
+			}
+		}
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		h, err := readHeader(ReaderFile(bytes.NewReader(data), int64(len(data)), "fuzz"), int64(len(data)))
 		if err != nil {
@@ -69,12 +79,67 @@ func FuzzHeader(f *testing.F) {
 	})
 }
 
+// edgeFields are the header fields whose values near 2^64 (or 2^32) the
+// hostile tests tried: offsets and sizes a parser adds to.
+var edgeFields = []headerField{
+	fieldBackingFileOffset, fieldBackingFileSize, fieldSize, fieldL1Size, fieldL1TableOffset,
+	fieldRefcountTableOffset, fieldRefcountTableClusters, fieldNbSnapshots, fieldSnapshotsOffset,
+	fieldHeaderLength, fieldRefcountOrder, fieldClusterBits,
+}
+
+// patchedCopy returns b with the big-endian field of width bytes at off
+// set to v.
+func patchedCopy(b []byte, off int64, width int, v uint64) []byte {
+	c := append([]byte(nil), b...)
+	if int(off)+width > len(c) {
+		return c
+	}
+	for i := 0; i < width; i++ {
+		c[int(off)+width-1-i] = byte(v >> (8 * i))
+	}
+	return c
+}
+
+// hostileSeeds are whole images with the damage the hostile tests found
+// worth trying: every L1 entry naming the first L2 table, a snapshot name
+// of 65,535 bytes, snapshot disk sizes of 2^62 and of an odd number of
+// bytes, a size field that is not a whole number of sectors, and header
+// fields near 2^64.
+func hostileSeeds(b []byte) [][]byte {
+	be := binary.BigEndian
+	if len(b) < 104 {
+		return nil
+	}
+	var out [][]byte
+	l1, l1Size := int64(be.Uint64(b[40:])), int64(be.Uint32(b[36:]))
+	if l1 > 0 && l1+8*l1Size <= int64(len(b)) {
+		c := append([]byte(nil), b...)
+		for i := int64(1); i < l1Size; i++ {
+			copy(c[l1+8*i:], c[l1:l1+8])
+		}
+		out = append(out, c)
+	}
+	if n, sn := be.Uint32(b[60:]), int64(be.Uint64(b[64:])); n > 0 && sn+64 <= int64(len(b)) {
+		out = append(out, patchedCopy(b, sn+14, 2, 0xffff), patchedCopy(b, sn+48, 8, 1<<62), patchedCopy(b, sn+48, 8, 1<<20+123))
+	}
+	out = append(out, patchedCopy(b, fieldSize.off, 8, 1<<20+123))
+	for _, fl := range edgeFields {
+		out = append(out, patchedCopy(b, fl.off, fl.width, ^uint64(0)))
+	}
+	return out
+}
+
 // FuzzImage opens arbitrary files as images and reads them (see exercise),
 // and every snapshot of them. Inputs are whole images, so run it with a
 // short -fuzzminimizetime: minimizing a 100 KB input takes long.
 func FuzzImage(f *testing.F) {
-	for _, b := range seedImages(f) {
+	for i, b := range seedImages(f) {
 		f.Add(b)
+		if i == 0 {
+			for _, h := range hostileSeeds(b) {
+				f.Add(h)
+			}
+		}
 	}
 	// Inputs go to a file in memory (tmpfs) where there is one: on a disk,
 	// the write of every input and the FIEMAP sync after it dominate.
@@ -193,16 +258,32 @@ func FuzzDecompress(f *testing.F) {
 func FuzzSnapshotTable(f *testing.F) {
 	f.Add([]byte{}, uint32(1))
 	f.Add(bytes.Repeat([]byte{0}, 48), uint32(1))
+	// An entry whose name runs 65,535 bytes; one whose disk size is 2^62;
+	// extra data at qemu's limit; 65,535 entries of 64 bytes.
+	entry := func(idLen, nameLen uint16, extra uint32, disk uint64) []byte {
+		e := make([]byte, 40+int(extra))
+		binary.BigEndian.PutUint16(e[12:], idLen)
+		binary.BigEndian.PutUint16(e[14:], nameLen)
+		binary.BigEndian.PutUint32(e[36:], extra)
+		if extra >= 16 {
+			binary.BigEndian.PutUint64(e[48:], disk)
+		}
+		return append(e, bytes.Repeat([]byte{'x'}, int(idLen)+int(nameLen))...)
+	}
+	f.Add(entry(1, 0xffff, 24, 1<<30), uint32(1))
+	f.Add(entry(1, 1, 24, 1<<62), uint32(1))
+	f.Add(entry(1, 1, 1024, 1<<30), uint32(1))
+	f.Add(bytes.Repeat(entry(2, 14, 8, 0), 65535), uint32(65535))
 	f.Fuzz(func(t *testing.T, table []byte, n uint32) {
 		h := &Header{ClusterBits: 16, Size: 1 << 30, NbSnapshots: n % (maxSnapshots + 1)}
 		file := append(make([]byte, 65536), table...)
 		h.SnapshotsOffset = 65536
-		snaps, _, err := readSnapshots(&metaFile{f: ReaderFile(bytes.NewReader(file), int64(len(file)), "fuzz"), size: int64(len(file)), clusterSize: h.ClusterSize()}, h)
+		snaps, _, err := readSnapshots(&metaFile{f: ReaderFile(bytes.NewReader(file), int64(len(file)), "fuzz"), size: int64(len(file)), clusterSize: h.ClusterSize()}, h, 1<<30, newCharge(NewBudget(DefaultBudget), "fuzz"))
 		if err != nil {
 			return
 		}
 		for _, s := range snaps {
-			if s.L1Size > 0 && s.L1TableOffset+uint64(s.L1Size)*8 > uint64(len(file)) {
+			if s.Err == nil && s.L1Size > 0 && s.L1TableOffset+uint64(s.L1Size)*8 > uint64(len(file)) {
 				t.Fatalf("accepted a snapshot L1 table past the end: %+v", s)
 			}
 		}

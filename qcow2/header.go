@@ -103,6 +103,12 @@ type FeatureName struct {
 	Name string
 }
 
+// virtualSize is the disk size qemu serves for a header's size field: it
+// counts whole 512-byte sectors (block/qcow2.c: total_sectors = size /
+// BDRV_SECTOR_SIZE), so the bytes of a last partial sector are not part of
+// the disk.
+func virtualSize(size uint64) int64 { return int64(size &^ 511) }
+
 // ClusterSize is the cluster size in bytes.
 func (h *Header) ClusterSize() int64 { return 1 << h.ClusterBits }
 

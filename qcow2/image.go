@@ -61,6 +61,11 @@ type Options struct {
 	// ReadOnlyReason says why. Backing files are never written.
 	Writable bool
 
+	// Budget bounds the memory of the structures read from image files
+	// (budget.go). Share one between all images of a mount. Nil means a
+	// private budget of DefaultBudget bytes.
+	Budget *Budget
+
 	// Warnf, if set, receives warnings that do not stop the image from
 	// opening (a backing file whose format had to be probed, a dirty
 	// image, ...).
@@ -84,6 +89,7 @@ type Image struct {
 	indexOnce sync.Once
 	idx       *holeIndex // see holes.go
 	snapshots []Snapshot
+	warnf     func(format string, args ...any) // Options.Warnf
 }
 
 // layer is one file of a backing chain: a qcow2 image or a raw file.
@@ -118,6 +124,8 @@ type layer struct {
 	cache         *Cache
 	owner         uint64
 	decomp        *decompressor
+	budget        *charge                          // memory held for this file's structures (budget.go)
+	warnf         func(format string, args ...any) // Options.Warnf; may be nil
 
 	// Read lazily, each guarded by its Once.
 	refs         refcounts
@@ -156,6 +164,9 @@ func NewImage(f HostFile, opts Options) (*Image, error) {
 	if opts.Cache == nil {
 		opts.Cache = NewCache(DefaultCacheSize, DefaultClusterCacheSize)
 	}
+	if opts.Budget == nil {
+		opts.Budget = NewBudget(DefaultBudget)
+	}
 	if opts.MaxChainDepth <= 0 {
 		opts.MaxChainDepth = DefaultMaxChainDepth
 	}
@@ -171,7 +182,7 @@ func NewImage(f HostFile, opts Options) (*Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	img := &Image{top: top, cache: opts.Cache, snapshots: top.snapshots}
+	img := &Image{top: top, cache: opts.Cache, snapshots: top.snapshots, warnf: opts.Warnf}
 	if opts.Writable {
 		if err := img.openForWriting(c); err != nil {
 			img.Close()
@@ -254,6 +265,9 @@ func (l *layer) close() error {
 	if m := l.host.Load(); m != nil {
 		m.Close()
 	}
+	if l.budget != nil {
+		l.budget.close()
+	}
 	if ra := l.ra.Load(); ra != nil {
 		ra.Close()
 	}
@@ -290,9 +304,11 @@ func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
 		extendedL2:  h.ExtendedL2(),
 		cache:       opts.Cache,
 		owner:       opts.Cache.newOwner(),
+		budget:      newCharge(opts.Budget, name),
+		warnf:       opts.Warnf,
 	}
 	l.fileLen.Store(size)
-	l.virtSize.Store(int64(h.Size))
+	l.virtSize.Store(virtualSize(h.Size))
 	l.scBits = l.clusterBits
 	if l.extendedL2 {
 		l.scBits = l.clusterBits - 5
@@ -301,7 +317,8 @@ func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
 	l.decomp = newDecompressor(h.CompressionType, l.clusterSize())
 
 	if depth == 0 {
-		if l.snapshots, l.snapTableSize, err = readSnapshots(&l.meta, h); err != nil {
+		if l.snapshots, l.snapTableSize, err = readSnapshots(&l.meta, h, l.vsize(), l.budget); err != nil {
+			l.budget.close()
 			return nil, err
 		}
 	}
@@ -319,10 +336,15 @@ func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
 				return nil, fmt.Errorf("%s: no snapshot with ID or name %q", name, opts.Snapshot)
 			}
 		}
+		if s.Err != nil {
+			l.budget.close()
+			return nil, fmt.Errorf("cannot open the snapshot: %w", s.Err)
+		}
 		l1Off, l1Size = int64(s.L1TableOffset), s.L1Size
 		l.virtSize.Store(s.Size)
 	}
 	if err := l.loadL1(l1Off, l1Size, !opts.LenientTables); err != nil {
+		l.budget.close()
 		return nil, err
 	}
 	return l, nil
@@ -334,6 +356,9 @@ func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
 // inside the file, so that a bad entry is refused at open rather than
 // found by a read.
 func (l *layer) loadL1(l1Off int64, l1Size uint32, check bool) error {
+	if err := l.budget.add(int64(l1Size)*8, "L1 table"); err != nil {
+		return err
+	}
 	entries, err := l.meta.words(l1Off, int64(l1Size), "L1 table")
 	if err != nil {
 		return err

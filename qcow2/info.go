@@ -79,7 +79,7 @@ func (img *Image) Info() Info {
 // file f opened as name.
 func headerInfo(h *Header, name string, f HostFile) Info {
 	info := Info{
-		VirtualSize: int64(h.Size),
+		VirtualSize: virtualSize(h.Size),
 		Filename:    name,
 		Format:      "qcow2",
 		ClusterSize: h.ClusterSize(),

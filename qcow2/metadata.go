@@ -11,14 +11,18 @@ import (
 // into metadata (corruption: the read fails instead of handing metadata to
 // the guest), and the image check uses it to report such overlaps.
 //
-// It is built on first use from what the image already says: the header
-// cluster, the L1 table and the L2 tables its entries name, the refcount
-// table and blocks, the snapshot table with every snapshot's L1 table and
-// L2 tables, and the bitmap directory, tables and data clusters. Building
-// reads the refcount table, the snapshot L1 tables and the bitmap tables,
-// never an L2 table. Memory is 24 bytes per range after merging adjacent
-// ranges of one kind; ranges are clusters of the image file, so there are
-// never more than its clusters.
+// It is built when the image opens, from what the image already says: the
+// header cluster, the L1 table and the L2 tables its entries name, the
+// refcount table and blocks, the snapshot table with every snapshot's L1
+// table and L2 tables, and the bitmap directory, tables and data clusters.
+// An image whose map cannot be built is refused: without it, nothing would
+// stop an L2 entry from serving metadata as guest data. Building reads the
+// refcount table, the snapshot L1 tables and the bitmap tables, never an L2
+// table; each table is read once however many entries name it, the tables
+// read are bounded (maxMapTableBytes) and every byte held is charged to the
+// memory budget. Memory is 24 bytes per range after merging adjacent ranges
+// of one kind: the builder merges as it goes, so tables that name the same
+// clusters over and over cost no more than the distinct ranges.
 
 // MetaKind is a kind of metadata.
 type MetaKind uint8
@@ -126,20 +130,74 @@ func (m *MetadataMap) with(start, end int64, kind MetaKind) *MetadataMap {
 	return &MetadataMap{ranges: out}
 }
 
-// metaBuilder collects ranges, then sorts and merges them.
-type metaBuilder struct{ ranges []MetaRange }
+// metaBuilder collects ranges, then sorts and merges them. With a charge,
+// the memory of its ranges is charged to it, and it merges what it has
+// whenever its buffer is full, growing it only when merging frees less
+// than half; the first charge that fails is kept in err and ends the
+// collecting.
+type metaBuilder struct {
+	ranges []MetaRange
+	charge *charge // nil: no budget (tests, the check's counting)
+	held   int64   // bytes charged for ranges' buffer
+	err    error
+}
+
+// metaRangeBytes is the memory of one MetaRange.
+const metaRangeBytes = 24
 
 func (b *metaBuilder) add(start, length int64, k MetaKind) {
-	if length > 0 {
-		b.ranges = append(b.ranges, MetaRange{start, start + length, k})
+	if length <= 0 || b.err != nil {
+		return
 	}
+	if b.charge != nil && len(b.ranges) == cap(b.ranges) {
+		b.grow()
+		if b.err != nil {
+			return
+		}
+	}
+	b.ranges = append(b.ranges, MetaRange{start, start + length, k})
+}
+
+// grow makes room for more ranges: by merging those it has, or by a
+// larger buffer, charged first.
+func (b *metaBuilder) grow() {
+	if n := len(b.ranges); n >= 1024 {
+		b.ranges = mergeRanges(b.ranges)
+		if len(b.ranges) <= n/2 {
+			return
+		}
+	}
+	newCap := max(1024, 2*cap(b.ranges))
+	need := int64(newCap) * metaRangeBytes
+	if err := b.charge.add(need, "metadata map"); err != nil {
+		b.err = err
+		return
+	}
+	r := make([]MetaRange, len(b.ranges), newCap)
+	copy(r, b.ranges)
+	b.ranges = r
+	b.charge.sub(b.held)
+	b.held = need
 }
 
 // build sorts the ranges and merges touching or overlapping ones of the
 // same kind. Overlapping ranges of different kinds are kept apart: the
 // first in sort order wins the overlap query.
 func (b *metaBuilder) build() *MetadataMap {
-	r := b.ranges
+	r := mergeRanges(b.ranges)
+	if b.charge != nil && cap(r) > 2*len(r)+1024 {
+		// Keep only what the map needs.
+		exact := make([]MetaRange, len(r))
+		copy(exact, r)
+		r = exact
+		b.charge.sub(b.held - int64(cap(r))*metaRangeBytes)
+		b.held = int64(cap(r)) * metaRangeBytes
+	}
+	return &MetadataMap{ranges: r}
+}
+
+// mergeRanges sorts r and merges it in place (see build).
+func mergeRanges(r []MetaRange) []MetaRange {
 	sort.Slice(r, func(i, j int) bool {
 		if r[i].Start != r[j].Start {
 			return r[i].Start < r[j].Start
@@ -162,11 +220,12 @@ func (b *metaBuilder) build() *MetadataMap {
 		}
 		out = append(out, x)
 	}
-	return &MetadataMap{ranges: out}
+	return out
 }
 
-// Metadata returns the image file's metadata map, building it on first
-// use. An error means some table could not be read; the map is then nil.
+// Metadata returns the image file's metadata map. An error means some
+// table could not be read (or the map does not fit in the memory budget);
+// only images opened with LenientTables open without a map.
 func (img *Image) Metadata() (*MetadataMap, error) {
 	return img.top.metadata()
 }
@@ -180,10 +239,17 @@ func (l *layer) metadata() (*MetadataMap, error) {
 	return l.metaMap.Load(), l.metaErr
 }
 
+// maxMapTableBytes bounds the snapshot L1 tables that building one map
+// reads (each distinct table once), and separately its bitmap tables:
+// 256 MiB, eight L1 tables of the largest size qemu allows, or 16,384
+// snapshots of a 1 TiB disk at 64 KiB clusters. An image beyond it is
+// refused.
+const maxMapTableBytes = 8 * maxL1Bytes
+
 func (l *layer) buildMetadata() (*MetadataMap, error) {
 	h := l.hdr
 	cs := l.clusterSize()
-	var b metaBuilder
+	b := metaBuilder{charge: l.budget}
 	b.add(0, cs, MetaHeader)
 
 	addL1 := func(l1 []uint64, kind, l2kind MetaKind, off int64) {
@@ -195,12 +261,17 @@ func (l *layer) buildMetadata() (*MetadataMap, error) {
 		}
 	}
 	// The active L1 table as the header says (a snapshot image's l.l1
-	// is the snapshot's, so read the header's own).
-	active, err := l.meta.words(int64(h.L1TableOffset), int64(h.L1Size), "L1 table")
-	if err != nil {
-		return nil, err
+	// is the snapshot's, so read the header's own unless it is that).
+	if t := l.l1.Load(); t != nil && t.off == int64(h.L1TableOffset) && t.len() == int64(h.L1Size) {
+		addL1(t.entries, MetaL1, MetaL2, t.off)
+	} else {
+		active, err := l.readTransient(int64(h.L1TableOffset), int64(h.L1Size), "L1 table")
+		if err != nil {
+			return nil, err
+		}
+		addL1(active, MetaL1, MetaL2, int64(h.L1TableOffset))
+		l.budget.sub(int64(len(active)) * 8)
 	}
-	addL1(active, MetaL1, MetaL2, int64(h.L1TableOffset))
 
 	if h.RefcountTableClusters > 0 {
 		rt, err := l.refcountTable()
@@ -217,24 +288,51 @@ func (l *layer) buildMetadata() (*MetadataMap, error) {
 
 	if len(l.snapshots) > 0 {
 		b.add(int64(h.SnapshotsOffset), l.snapTableSize, MetaSnapshotTable)
-		seen := map[int64]bool{}
-		for _, s := range l.snapshots {
-			if seen[int64(s.L1TableOffset)] {
+		seen := map[uint64]bool{}
+		var read int64
+		for i := range l.snapshots {
+			s := &l.snapshots[i]
+			if !s.loadable() || s.L1Size == 0 || seen[s.L1TableOffset] {
 				continue
 			}
-			seen[int64(s.L1TableOffset)] = true
-			sl1, err := l.meta.words(int64(s.L1TableOffset), int64(s.L1Size), "snapshot L1 table")
+			seen[s.L1TableOffset] = true
+			if read += int64(s.L1Size) * 8; read > maxMapTableBytes {
+				return nil, &FormatError{File: l.name, Field: "snapshot table", Value: uint64(read), Offset: s.entryOff,
+					Msg: fmt.Sprintf("the snapshots' L1 tables hold more than %d bytes", maxMapTableBytes)}
+			}
+			sl1, err := l.readTransient(int64(s.L1TableOffset), int64(s.L1Size), "snapshot L1 table")
 			if err != nil {
 				return nil, err
 			}
 			addL1(sl1, MetaSnapshotL1, MetaSnapshotL2, int64(s.L1TableOffset))
+			l.budget.sub(int64(len(sl1)) * 8)
+			if b.err != nil {
+				break
+			}
 		}
 	}
 
-	if err := l.addBitmaps(&b); err != nil {
+	addBitmap := func(start, length int64, k MetaKind, _ int64) { b.add(start, length, k) }
+	if err := l.addBitmaps(addBitmap, true); err != nil {
 		return nil, err
 	}
+	if b.err != nil {
+		return nil, b.err
+	}
 	return b.build(), nil
+}
+
+// readTransient reads n words at off, charged to the layer's budget; the
+// caller gives the charge back (8*n bytes) when done with them.
+func (l *layer) readTransient(off, n int64, what string) ([]uint64, error) {
+	if err := l.budget.add(n*8, what); err != nil {
+		return nil, err
+	}
+	w, err := l.meta.words(off, n, what)
+	if err != nil {
+		l.budget.sub(n * 8)
+	}
+	return w, err
 }
 
 // checkNotMetadata fails when host range [off, off+n) of the image file,
@@ -244,12 +342,18 @@ func (l *layer) checkNotMetadata(off, n int64, e l2Entry, entryOff int64) error 
 		return nil // data lives in another file
 	}
 	m, err := l.metadata()
-	if err != nil || m == nil {
-		return nil // cannot tell; the read itself will still be checked against EOF
+	if err != nil {
+		// Cannot tell (only lenient opens get this far without a
+		// map): refuse rather than risk serving metadata.
+		return fmt.Errorf("%s: guest data at host offset %#x cannot be checked against the metadata: %w", l.name, off, err)
 	}
 	if r, ok := m.Overlap(off, off+n); ok {
+		what := "guest data"
+		if e.compressed() {
+			what = "compressed cluster"
+		}
 		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
-			Msg: fmt.Sprintf("guest data at host offset %#x overlaps the %s at %#x", off, r.Kind, r.Start)}
+			Msg: fmt.Sprintf("%s at host offset %#x overlaps the %s at %#x", what, off, r.Kind, r.Start)}
 	}
 	return nil
 }

@@ -3,7 +3,6 @@ package qcow2
 import (
 	"fmt"
 	"sync"
-	"syscall"
 )
 
 // Refcounts (specification, "Host cluster management").
@@ -38,6 +37,9 @@ func (l *layer) refcountTable() ([]uint64, error) {
 	r.once.Do(func() {
 		h := l.hdr
 		n := int64(h.RefcountTableClusters) * l.clusterSize() / 8
+		if r.err = l.budget.add(n*8, "refcount table"); r.err != nil {
+			return
+		}
 		r.table, r.err = l.meta.words(int64(h.RefcountTableOffset), n, "refcount table")
 	})
 	return r.table, r.err
@@ -47,32 +49,42 @@ func (l *layer) refcountTable() ([]uint64, error) {
 // >> cluster_bits). Clusters beyond the refcount table, or in a range whose
 // refcount block is not allocated, have refcount 0.
 func (l *layer) refcount(c int64) (uint64, error) {
-	table, err := l.refcountTable()
-	if err != nil {
-		return 0, err
-	}
 	width := int64(1) << l.hdr.RefcountOrder // bits per entry
 	perBlock := l.clusterSize() * 8 / width
-	ti := c / perBlock
+	words, _, err := l.refcountBlock(c / perBlock)
+	if words == nil || err != nil {
+		return 0, err
+	}
+	return blockRefcount(words, c%perBlock, width), nil
+}
+
+// refcountBlock returns refcount block ti of the refcount table and its
+// offset; nil (and no error) if the table has no block there.
+func (l *layer) refcountBlock(ti int64) (*table, int64, error) {
+	table, err := l.refcountTable()
+	if err != nil {
+		return nil, 0, err
+	}
 	if ti >= int64(len(table)) {
-		return 0, nil
+		return nil, 0, nil
 	}
 	entryOff := int64(l.hdr.RefcountTableOffset) + 8*ti
 	off := int64(table[ti] & reftOffsetMask)
 	if off == 0 {
-		return 0, nil
+		return nil, 0, nil
 	}
 	if off&(l.clusterSize()-1) != 0 || off > l.fsize()-l.clusterSize() {
-		return 0, &FormatError{File: l.name, Field: "refcount table entry", Value: table[ti], Offset: entryOff,
+		return nil, 0, &FormatError{File: l.name, Field: "refcount table entry", Value: table[ti], Offset: entryOff,
 			Msg: fmt.Sprintf("refcount block offset %#x is unaligned or past the end of the file", off)}
 	}
 	words, err := l.cache.get(cacheKey{owner: l.owner, off: off}, func() ([]uint64, error) {
 		return l.meta.table(off, "refcount block")
 	})
-	if err != nil {
-		return 0, err
-	}
-	i := c % perBlock
+	return words, off, err
+}
+
+// blockRefcount returns entry i of a refcount block of width-bit entries.
+func blockRefcount(words *table, i, width int64) uint64 {
 	bit := i * width // position of the entry in the block, in bits
 	w := words.word(bit / 64)
 	mask := uint64(1)<<width - 1
@@ -80,40 +92,17 @@ func (l *layer) refcount(c int64) (uint64, error) {
 		mask = ^uint64(0)
 	}
 	if width >= 8 {
-		return (w >> (64 - bit%64 - width)) & mask, nil
+		return (w >> (64 - bit%64 - width)) & mask
 	}
 	byteInWord := (bit / 8) % 8
-	return (w >> (56 - 8*byteInWord + bit%8)) & mask, nil
+	return (w >> (56 - 8*byteInWord + bit%8)) & mask
 }
 
 // metadataPreallocated tells, like qemu's
 // qcow2_detect_metadata_preallocation, whether the image looks made with
-// preallocation=metadata: clusters in use (refcount > 0) number at least
-// max(10/9 of the clusters the host file really allocates, those plus
-// two). qemu's block status then asks the host file whether allocated
-// clusters hold data; so does Extent.
+// preallocation=metadata (prealloc.go). qemu's block status then asks the
+// host file whether allocated clusters hold data; so does Extent.
 func (l *layer) metadataPreallocated() bool {
-	l.preallocOnce.Do(func() {
-		var st syscall.Stat_t
-		f := fileOf(l.file)
-		if f == nil || syscall.Fstat(int(f.Fd()), &st) != nil {
-			return
-		}
-		cs := l.clusterSize()
-		realClusters := st.Blocks * 512 / cs
-		threshold := max(realClusters*10/9, realClusters+2)
-		end := (l.fsize() + cs - 1) / cs
-		count := int64(0)
-		for c := int64(0); c < end && count < threshold; c++ {
-			n, err := l.refcount(c)
-			if err != nil {
-				return
-			}
-			if n != 0 {
-				count++
-			}
-		}
-		l.prealloc = count >= threshold
-	})
+	l.preallocOnce.Do(func() { l.prealloc = l.detectPrealloc() })
 	return l.prealloc
 }

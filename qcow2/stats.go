@@ -55,3 +55,17 @@ func allocatedBytes(f HostFile) int64 {
 	size, _ := f.Size()
 	return size
 }
+
+// MaxFiles returns the most file descriptors the image may hold: one for
+// each file of its chain (images, data files, raw backing files), and one
+// more for each, opened on first use, to probe its holes.
+func (img *Image) MaxFiles() int {
+	n := 0
+	for l := img.top; l != nil; l = l.backing {
+		n += 2
+		if l.dataFile != nil {
+			n += 2
+		}
+	}
+	return n
+}

@@ -27,6 +27,9 @@ var qcowfsBin string
 var raceBin, raceDir string
 
 func TestMain(m *testing.M) {
+	if h := os.Getenv(helperEnv); h != "" {
+		os.Exit(runHelper(h))
+	}
 	dir, err := os.MkdirTemp("", "qcowfs-test-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

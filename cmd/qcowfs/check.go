@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -53,7 +56,10 @@ func (c *checkCmd) Run() error {
 			fmt.Fprintf(os.Stderr, "\rchecking %s: %d%%", c.Image, done*100/max(total, 1))
 		}
 	}
-	res, err := o.img.Check(progress)
+	// Ctrl-C ends the check (exit 1) rather than leaving it to run.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := o.img.CheckContext(ctx, progress)
 	if progress != nil {
 		fmt.Fprint(os.Stderr, "\r\033[K")
 	}

@@ -2,12 +2,15 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"regexp"
 	"strconv"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -108,7 +111,10 @@ func (c *mapCmd) Run() error {
 		return emit(e)
 	}
 	if o.img != nil {
-		err = o.img.Map(clip)
+		// Ctrl-C ends a long map rather than leaving it to run.
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		err = o.img.MapContext(ctx, clip)
 	} else {
 		err = rawMap(o, clip)
 	}

@@ -20,6 +20,7 @@ type mountCmd struct {
 	AllowOther          bool     `help:"Let other users read the mount (as non-root this needs user_allow_other in /etc/fuse.conf). File permissions still apply."`
 	L2CacheSize         byteSize `name:"l2-cache-size" default:"32M" placeholder:"SIZE" help:"Memory for L2 tables, shared by all images: 32M maps 256 GiB of disk at 64 KiB clusters (default: ${default})."`
 	CacheSize           byteSize `default:"64M" placeholder:"SIZE" help:"Memory for decompressed clusters of compressed images, shared by all images (default: ${default})."`
+	MetadataMemory      byteSize `default:"512M" placeholder:"SIZE" help:"Memory for the metadata images keep while open (L1, snapshot and refcount tables, metadata maps), shared by all images; an image that does not fit is not served (default: ${default})."`
 	ReadAhead           byteSize `default:"4M" placeholder:"SIZE" help:"Kernel readahead for the mount (root only; the kernel's FUSE default is 128K) (default: ${default})."`
 	ReadPath            string   `enum:"splice,copy" default:"splice" help:"How reads of uncompressed data are answered: splice (zero-copy from the image file) or copy (through a buffer)."`
 	LogLevel            string   `enum:"debug,info,warn,error" default:"info" help:"Least severe log messages to keep: debug, info, warn or error."`

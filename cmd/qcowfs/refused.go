@@ -80,6 +80,8 @@ func refusalHint(err error) string {
 		return "--allow-backing-outside=" + dir + " follows it"
 	case errors.Is(err, qcow2.ErrUnsupported) && strings.Contains(err.Error(), "corrupt"):
 		return "--allow-corrupt"
+	case errors.Is(err, qcow2.ErrBudget):
+		return "--metadata-memory=SIZE gives image metadata more memory"
 	}
 	return ""
 }

@@ -55,6 +55,7 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 		Hint:         refusalHint,
 	}
 	cfg.Image.Cache = qcow2.NewCache(int64(c.L2CacheSize), int64(c.CacheSize))
+	cfg.Image.Budget = qcow2.NewBudget(int64(c.MetadataMemory))
 	if c.ReadPath == "copy" {
 		cfg.ReadPath = fs.ReadCopy
 	}
@@ -162,6 +163,9 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 		}
 	}()
 	server.Wait()
+	// Whatever is still open (a lazy unmount, a daemon told to stop) is
+	// written back and closed.
+	root.Close()
 	if stopControl != nil {
 		stopControl()
 	}

@@ -127,3 +127,39 @@ func RefcountEntryOffset(t testing.TB, path string, c int64) int64 {
 	block := int64(ReadU(t, path, rt, 8) &^ 0x1ff)
 	return block + 2*c
 }
+
+// SnapshotEntryOffset returns where entry i of the snapshot table lies
+// (specification, "Snapshots": 40 fixed bytes, extra data, ID, name, each
+// entry padded to 8 bytes).
+func SnapshotEntryOffset(t testing.TB, path string, i int) int64 {
+	t.Helper()
+	n := int(ReadU(t, path, HeaderNbSnapshots, 4))
+	if i >= n {
+		t.Fatalf("%s: snapshot %d of %d", path, i, n)
+	}
+	off := int64(ReadU(t, path, HeaderSnapshotsOffset, 8))
+	for ; i > 0; i-- {
+		idLen := int64(ReadU(t, path, off+12, 2))
+		nameLen := int64(ReadU(t, path, off+14, 2))
+		extra := int64(ReadU(t, path, off+36, 4))
+		off += (40 + extra + idLen + nameLen + 7) &^ 7
+	}
+	return off
+}
+
+// Snapshot entry fields, relative to the entry.
+const (
+	SnapshotL1TableOffset = 0
+	SnapshotL1Size        = 8
+	SnapshotExtraDataSize = 36
+	SnapshotDiskSize      = 48 // in the extra data: vm_state_size_large, then disk_size
+)
+
+// BitmapDirectory returns the bitmaps extension's fields (specification,
+// "Bitmaps extension"): nb_bitmaps, the directory's size and offset, and
+// where the extension's data starts.
+func BitmapDirectory(t testing.TB, path string) (n uint32, size, off, ext int64) {
+	t.Helper()
+	ext = HeaderExtension(t, path, 0x23852875) + 8
+	return uint32(ReadU(t, path, ext, 4)), int64(ReadU(t, path, ext+8, 8)), int64(ReadU(t, path, ext+16, 8)), ext
+}
