@@ -128,7 +128,7 @@ func NewRoot(cfg Config) (*Root, error) {
 		return nil, err
 	}
 	m := &mount{cfg: cfg, log: cfg.Log, src: s, ids: newIdentities(), usage: newUsageTable(), refused: map[string]error{}, readOnly: map[string]string{}, backing: map[fileKey]string{}, fds: newFDBudget()}
-	m.log.Info("file descriptors", "limit", m.fds.nofile, "for open images", m.fds.limit, "per folder", m.fds.perFolder)
+	m.log.Debug("file descriptors", "limit", m.fds.nofile, "for open images", m.fds.limit, "per folder", m.fds.perFolder)
 	m.reg.images = map[diskID]*openImage{}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	// Backing files must stay inside what the user mounted, plus

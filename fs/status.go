@@ -2,6 +2,7 @@ package fs
 
 import (
 	"sort"
+	"time"
 
 	"github.com/qcowfs/qcowfs/qcow2"
 )
@@ -61,12 +62,28 @@ func (m *mount) backingOf(k fileKey) string {
 // maxFirstScan bounds the folders the first scan walks.
 const maxFirstScan = 4096
 
+// firstScanWait bounds how long Refused waits for the first scan: a folder
+// on a disk that does not answer must not hold up the mount command.
+const firstScanWait = 10 * time.Second
+
 // Refused returns the images the mount does not show, by path, with the
 // library's error (errors.Is(err, qcow2.ErrLocked), ...). The first call
-// scans the whole source tree (up to maxFirstScan folders) and so blocks
-// until that scan is done; later calls return what the mount knows now.
+// starts a scan of the whole source tree (up to maxFirstScan folders) and
+// waits for it, at most firstScanWait; later calls return what the mount
+// knows now.
 func (r *Root) Refused() map[string]error {
-	r.firstScan.Do(r.walk)
+	r.firstScan.Do(func() {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			r.walk()
+		}()
+		select {
+		case <-done:
+		case <-time.After(firstScanWait):
+			r.m.log.Warn("the first scan of the source is still running; images it refuses later are logged, not reported by the mount command", "waited", firstScanWait)
+		}
+	})
 	m := r.m
 	m.refMu.Lock()
 	defer m.refMu.Unlock()

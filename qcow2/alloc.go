@@ -1,7 +1,9 @@
 package qcow2
 
 import (
+	"errors"
 	"fmt"
+	"syscall"
 )
 
 // The allocator: which host clusters are free, and the refcounts that say
@@ -318,6 +320,9 @@ func (w *writer) reserveFile(size int64) error {
 	}
 	target := (size + growStep - 1) / growStep * growStep
 	if err := w.f.Allocate(w.fileEnd, target-w.fileEnd); err != nil {
+		if !unsupported(err) {
+			return w.fail(err)
+		}
 		// A file system without fallocate: the writes will grow the
 		// file themselves.
 		target = size
@@ -407,12 +412,8 @@ func (w *writer) growReftable(need int64) error {
 		w.l.cache.unpin(w.l.cache.put(cacheKey{owner: l.owner, off: bc * cs}, words))
 		newTable[ti] = uint64(bc * cs)
 	}
-	for off, e := range w.dirtyTables {
-		if w.isRefblock(off) {
-			if err := w.writeTable(e, MetaRefcountBlock); err != nil {
-				return w.fail(err)
-			}
-		}
+	if err := w.writeRefblocks(); err != nil {
+		return err
 	}
 	tb := make([]byte, newLen*8)
 	encodeWords(tb, newTable)
@@ -443,4 +444,27 @@ func (w *writer) growReftable(need int64) error {
 		}
 	}
 	return nil
+}
+
+// writeRefblocks writes back the dirty refcount blocks now (they stay
+// pinned, clean, until the next flush lets them go). Writing refcounts
+// early is always safe: an increment durable before the reference is a
+// leak at worst, and a decrement is only made once the reference's removal
+// is durable. A header switch to a new table needs it: the new table's
+// own refcounts must be durable first.
+func (w *writer) writeRefblocks() error {
+	for off, e := range w.dirtyTables {
+		if w.isRefblock(off) {
+			if err := w.writeTable(e, MetaRefcountBlock); err != nil {
+				return w.fail(err)
+			}
+		}
+	}
+	return nil
+}
+
+// unsupported reports whether err says the file system cannot do what was
+// asked (fallocate, punch), rather than that it failed doing it.
+func unsupported(err error) bool {
+	return errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.ENOSYS) || errors.Is(err, syscall.EINVAL)
 }

@@ -215,12 +215,15 @@ func (w *writer) reclaim() error {
 			return w.fail(err)
 		}
 		w.freeHint = min(w.freeHint, q.c)
-		if err := w.f.Punch(q.c*cs, cs); err == nil {
+		switch err := w.f.Punch(q.c*cs, cs); {
+		case err == nil:
 			// It reads zeros now: copy-on-write may skip zeros in it.
-			// (Without punch support it keeps its old bytes, and
-			// copy-on-write writes its zeros.)
 			w.markZeroed(q.c)
+		case !unsupported(err):
+			return w.fail(err)
 		}
+		// (Without punch support it keeps its old bytes, and
+		// copy-on-write writes its zeros.)
 	}
 	w.quarantine = keep
 	return nil

@@ -445,8 +445,13 @@ func (w *writer) zeroClusters(off, n int64, keep bool) error {
 			// The data file: give the space back now (a raw data file
 			// must read zeros there; the entry says so too).
 			if err := w.df.Punch(g*cs, cs); err != nil {
-				if _, err := w.df.WriteAt(zeroes[:min(cs, int64(len(zeroes)))], g*cs); err != nil && cs <= int64(len(zeroes)) {
+				if !unsupported(err) {
 					return w.fail(err)
+				}
+				for pos := g * cs; pos < (g+1)*cs; pos += int64(len(zeroes)) {
+					if _, err := w.df.WriteAt(zeroes[:min((g+1)*cs-pos, int64(len(zeroes)))], pos); err != nil {
+						return w.fail(err)
+					}
 				}
 			}
 		case e.allocated(false) && next.word&l2OffsetMask == 0:
@@ -521,6 +526,11 @@ func (img *Image) Resize(size int64) error {
 		return err
 	}
 	if err := w.writeMeta(buf, off, MetaL1); err != nil {
+		return err
+	}
+	// The new table and its refcounts are durable before the header
+	// names it.
+	if err := w.writeRefblocks(); err != nil {
 		return err
 	}
 	if err := w.sync(); err != nil {
