@@ -1,11 +1,15 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/qcowfs/qcowfs/internal/mountinfo"
 )
@@ -43,7 +47,61 @@ func (c *unmountCmd) Run() error {
 	if m.FSType != "fuse.qcowfs" {
 		return fmt.Errorf("%s: a %s mount, not a qcowfs one", c.Mountpoint, m.FSType)
 	}
-	return unmount(mnt, c.Lazy)
+	pid := daemonPID(mnt)
+	if err := unmount(mnt, c.Lazy); err != nil {
+		return err
+	}
+	if !c.Lazy && pid > 0 {
+		// The daemon writes back and closes its images as the mount
+		// goes: return when it is done, so that what runs next (a
+		// qemu-img on the images) finds them complete and unlocked.
+		waitExit(pid, mnt)
+	}
+	return nil
+}
+
+// daemonPID asks the daemon serving mnt for its process ID; 0 if none
+// answers.
+func daemonPID(mnt string) int {
+	b, err := askControl(mnt, "status")
+	if err != nil {
+		return 0
+	}
+	var s struct {
+		PID int `json:"pid"`
+	}
+	if json.Unmarshal(b, &s) != nil {
+		return 0
+	}
+	return s.PID
+}
+
+// waitExit waits until process pid (a qcowfs daemon) is gone, saying so
+// once if that takes long.
+func waitExit(pid int, mnt string) {
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !strings.Contains(string(cmdline), "qcowfs") {
+		return
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return // gone already
+	}
+	defer unix.Close(fd)
+	wait := func(ms int) bool {
+		for {
+			n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, ms)
+			if err == unix.EINTR {
+				continue
+			}
+			return err != nil || n > 0
+		}
+	}
+	if wait(5000) {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "qcowfs: %s is unmounted; waiting for the daemon (pid %d) to finish writing its images back\n", mnt, pid)
+	wait(-1)
 }
 
 // unmount detaches a FUSE mount: with umount2(2) as root, with fusermount3
