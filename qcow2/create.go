@@ -1,0 +1,185 @@
+package qcow2
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Creating images: a version 3 image laid out as qemu-img create lays it
+// out (the header cluster with the backing format and feature name table
+// extensions and the backing file name, then the refcount table, its
+// refcount block, the L1 table), so that qemu-img info and check say the
+// same of both.
+
+// CreateOptions describe an image to create.
+type CreateOptions struct {
+	Size          int64  // virtual size in bytes (a multiple of 512)
+	ClusterSize   int64  // 0: 64 KiB
+	Backing       string // backing file name as stored ("" for none)
+	BackingFormat string // "qcow2", "raw", or "" (not recorded)
+	ExtendedL2    bool
+}
+
+// featureTable is the feature name table qemu writes.
+var featureTable = []FeatureName{
+	{0, 0, "dirty bit"}, {0, 1, "corrupt bit"}, {0, 2, "external data file"},
+	{0, 3, "compression type"}, {0, 4, "extended L2 entries"},
+	{1, 0, "lazy refcounts"},
+	{2, 0, "bitmaps"}, {2, 1, "raw external data"},
+}
+
+// Create writes a new image at path, atomically: it is written under a
+// temporary name in the same folder, synced, renamed into place and the
+// folder synced, so that a crash leaves either no image or a whole one. An
+// existing file at path is an error.
+func Create(path string, o CreateOptions) error {
+	img, err := encodeImage(o)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if _, err := os.Lstat(path); err == nil {
+		return fmt.Errorf("%s: %w", path, os.ErrExist)
+	}
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if _, err := tmp.Write(img); err != nil {
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	// (Linkat or renameat2 with RENAME_NOREPLACE would refuse a file
+	// that appeared meanwhile; a plain rename is what qemu-img does.)
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	ok = true
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// encodeImage returns the bytes of a new image.
+func encodeImage(o CreateOptions) ([]byte, error) {
+	cs := o.ClusterSize
+	if cs == 0 {
+		cs = 65536
+	}
+	bits := uint32(0)
+	for int64(1)<<bits < cs {
+		bits++
+	}
+	switch {
+	case int64(1)<<bits != cs || bits < minClusterBits || bits > maxClusterBits:
+		return nil, fmt.Errorf("cluster size %d: not a power of two from 512 B to 2 MiB", cs)
+	case o.ExtendedL2 && bits < 14:
+		return nil, fmt.Errorf("extended L2 entries need clusters of at least 16 KiB")
+	case o.Size < 0 || o.Size%512 != 0 || o.Size > 1<<62:
+		return nil, fmt.Errorf("size %d: not a multiple of 512", o.Size)
+	case len(o.Backing) > maxBackingNameLen:
+		return nil, fmt.Errorf("backing file name longer than %d bytes", maxBackingNameLen)
+	case len(o.BackingFormat) > 15:
+		return nil, fmt.Errorf("backing format %q too long", o.BackingFormat)
+	}
+	entry := int64(8)
+	if o.ExtendedL2 {
+		entry = 16
+	}
+	l1Span := cs / entry * cs
+	l1Entries := (o.Size + l1Span - 1) / l1Span
+	if l1Entries*8 > maxL1Bytes {
+		return nil, fmt.Errorf("size %d needs more L1 entries than qemu allows", o.Size)
+	}
+	l1Clusters := max(1, (l1Entries*8+cs-1)/cs)
+
+	// The layout: header, refcount table, refcount blocks, L1 table; the
+	// blocks count every cluster of it, the table names every block.
+	perBlock := cs * 8 / 16
+	rt, rb := int64(1), int64(1)
+	for {
+		total := 1 + rt + rb + l1Clusters
+		needRB := (total + perBlock - 1) / perBlock
+		needRT := (needRB*8 + cs - 1) / cs
+		if needRB == rb && needRT == rt {
+			break
+		}
+		rb, rt = max(rb, needRB), max(rt, needRT)
+	}
+	rtOff, rbOff, l1Off := cs, (1+rt)*cs, (1+rt+rb)*cs
+	total := 1 + rt + rb + l1Clusters
+	// qemu's file ends right after the L1 table (the rest of its last
+	// cluster is not written).
+	buf := make([]byte, l1Off+max(8, l1Entries*8))
+
+	h := buf[:cs]
+	fieldMagic.put(h, Magic)
+	fieldVersion.put(h, 3)
+	fieldClusterBits.put(h, uint64(bits))
+	fieldSize.put(h, uint64(o.Size))
+	fieldL1Size.put(h, uint64(l1Entries))
+	fieldL1TableOffset.put(h, uint64(l1Off))
+	fieldRefcountTableOffset.put(h, uint64(rtOff))
+	fieldRefcountTableClusters.put(h, uint64(rt))
+	if o.ExtendedL2 {
+		fieldIncompatibleFeatures.put(h, IncompatExtendedL2)
+	}
+	fieldRefcountOrder.put(h, 4)
+	fieldHeaderLength.put(h, 112)
+	// Extensions, each padded to 8 bytes.
+	p := 112
+	ext := func(typ uint32, data []byte) {
+		binary.BigEndian.PutUint32(h[p:], typ)
+		binary.BigEndian.PutUint32(h[p+4:], uint32(len(data)))
+		copy(h[p+8:], data)
+		p += 8 + (len(data)+7)&^7
+	}
+	if o.BackingFormat != "" {
+		ext(extBackingFormat, []byte(o.BackingFormat))
+	}
+	ft := make([]byte, len(featureTable)*featureTableEntryBytes)
+	for i, f := range featureTable {
+		e := ft[i*featureTableEntryBytes:]
+		e[0], e[1] = f.Type, f.Bit
+		copy(e[2:featureTableEntryBytes], f.Name)
+	}
+	ext(extFeatureTable, ft)
+	p += 8 // the end marker (zeros)
+	if o.Backing != "" {
+		if p+len(o.Backing) > int(cs) {
+			return nil, fmt.Errorf("backing file name does not fit in the header cluster")
+		}
+		fieldBackingFileOffset.put(h, uint64(p))
+		fieldBackingFileSize.put(h, uint64(len(o.Backing)))
+		copy(h[p:], o.Backing)
+	}
+	// The refcount table and blocks: every cluster of the layout has
+	// refcount 1.
+	for i := int64(0); i < rb; i++ {
+		binary.BigEndian.PutUint64(buf[rtOff+i*8:], uint64(rbOff+i*cs))
+	}
+	for c := int64(0); c < total; c++ {
+		binary.BigEndian.PutUint16(buf[rbOff+c*2:], 1)
+	}
+	return buf, nil
+}

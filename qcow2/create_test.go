@@ -1,0 +1,76 @@
+package qcow2_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/qcowfs/qcowfs/qcow2"
+	"github.com/qcowfs/qcowfs/test/qemu"
+)
+
+// TestCreateMatchesQemu: an image made by Create says in qemu-img info
+// and qemu-img check what one made by qemu-img create with the same
+// options says; and it writes and reads back through qemu-io.
+func TestCreateMatchesQemu(t *testing.T) {
+	qemu.Require(t, "qemu-img", "qemu-io")
+	dir := qemu.TempDir(t)
+	base := filepath.Join(dir, "base.qcow2")
+	qemu.Create(t, "qcow2", base, "100M")
+	raw := filepath.Join(dir, "base.raw")
+	qemu.Create(t, "raw", raw, "10M")
+	for i, tc := range []struct {
+		opts qcow2.CreateOptions
+		args []string
+	}{
+		{qcow2.CreateOptions{Size: 100 << 20}, nil},
+		{qcow2.CreateOptions{Size: 100 << 20, Backing: base, BackingFormat: "qcow2"}, []string{"-b", base, "-F", "qcow2"}},
+		{qcow2.CreateOptions{Size: 10 << 20, Backing: "base.raw", BackingFormat: "raw"}, []string{"-b", "base.raw", "-F", "raw"}},
+		{qcow2.CreateOptions{Size: 1 << 40, ClusterSize: 4096}, []string{"-o", "cluster_size=4096"}},
+		{qcow2.CreateOptions{Size: 4 << 30, ClusterSize: 512}, []string{"-o", "cluster_size=512"}},
+		{qcow2.CreateOptions{Size: 8 << 30, ClusterSize: 2 << 20}, []string{"-o", "cluster_size=2097152"}},
+		{qcow2.CreateOptions{Size: 100 << 20, ExtendedL2: true, Backing: base, BackingFormat: "qcow2"}, []string{"-o", "extended_l2=on", "-b", base, "-F", "qcow2"}},
+		{qcow2.CreateOptions{Size: 3 << 40, ClusterSize: 16384, ExtendedL2: true}, []string{"-o", "extended_l2=on,cluster_size=16384"}},
+	} {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			ours := filepath.Join(dir, fmt.Sprintf("ours%d.qcow2", i))
+			theirs := filepath.Join(dir, fmt.Sprintf("theirs%d.qcow2", i))
+			if err := qcow2.Create(ours, tc.opts); err != nil {
+				t.Fatal(err)
+			}
+			qemu.Create(t, "qcow2", theirs, fmt.Sprint(tc.opts.Size), tc.args...)
+			a, b := qemu.Info(t, ours), qemu.Info(t, theirs)
+			for _, m := range []map[string]any{a, b} {
+				delete(m, "filename")
+				delete(m, "actual-size")
+			}
+			if !reflect.DeepEqual(a, b) {
+				t.Errorf("qemu-img info differs:\nours   %v\nqemu's %v", a, b)
+			}
+			ca, cb := checkJSON(t, ours), checkJSON(t, theirs)
+			if !reflect.DeepEqual(ca, cb) {
+				t.Errorf("qemu-img check differs:\nours   %v\nqemu's %v", ca, cb)
+			}
+			if err := qcow2.Create(ours, tc.opts); err == nil {
+				t.Error("Create over an existing file succeeded")
+			}
+			qemu.IO(t, ours, "write -P 0x42 0 1M", "write -P 0x43 5M 4k")
+			if out, err := exec.Command("qemu-img", "check", ours).CombinedOutput(); err != nil {
+				t.Errorf("qemu-img check after writes: %v\n%s", err, out)
+			}
+		})
+	}
+}
+
+func checkJSON(t *testing.T, p string) map[string]any {
+	out, _ := exec.Command("qemu-img", "check", "--output=json", p).Output()
+	var m map[string]any
+	if err := json.Unmarshal(out, &m); err != nil {
+		t.Fatalf("qemu-img check %s: %v: %s", p, err, out)
+	}
+	delete(m, "filename")
+	return m
+}
