@@ -2,9 +2,12 @@ package qcow2
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"golang.org/x/sys/unix"
 )
 
 // Creating images: a version 3 image laid out as qemu-img create lays it
@@ -31,47 +34,85 @@ var featureTable = []FeatureName{
 }
 
 // Create writes a new image at path, atomically: it is written under a
-// temporary name in the same folder, synced, renamed into place and the
-// folder synced, so that a crash leaves either no image or a whole one. An
-// existing file at path is an error.
+// temporary name in the same folder, synced, renamed into place (never
+// over an existing file) and the folder synced, so that a crash leaves
+// either no image or a whole one. An existing file at path is an error
+// (wrapping os.ErrExist).
 func Create(path string, o CreateOptions) error {
+	p, err := Prepare(path, o)
+	if err != nil {
+		return err
+	}
+	return p.Publish()
+}
+
+// A Prepared image is written and synced under a temporary name, waiting
+// to be published under its own.
+type Prepared struct {
+	path, tmp string
+}
+
+// Prepare does the first half of Create: it writes the image under a
+// hidden temporary name next to path (".NAME.tmp-RANDOM") and syncs it.
+// The caller Publishes or Abandons it.
+func Prepare(path string, o CreateOptions) (*Prepared, error) {
 	img, err := encodeImage(o)
 	if err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	if _, err := os.Lstat(path); err == nil {
-		return fmt.Errorf("%s: %w", path, os.ErrExist)
+		return nil, fmt.Errorf("%s: %w", path, os.ErrExist)
 	}
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			tmp.Close()
-			os.Remove(tmp.Name())
+	err = tmp.Chmod(0o644)
+	if err == nil {
+		_, err = tmp.Write(img)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return nil, err
+	}
+	return &Prepared{path: path, tmp: tmp.Name()}, nil
+}
+
+// Temp is the temporary name the image is written under.
+func (p *Prepared) Temp() string { return p.tmp }
+
+// Publish renames the image into place, unless a file appeared there
+// meanwhile (then the temporary file is removed and the error wraps
+// os.ErrExist), and syncs the folder.
+func (p *Prepared) Publish() error {
+	err := unix.Renameat2(unix.AT_FDCWD, p.tmp, unix.AT_FDCWD, p.path, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+		// A file system without RENAME_NOREPLACE: a hard link fails
+		// on an existing name just the same.
+		if err = os.Link(p.tmp, p.path); err == nil {
+			err = os.Remove(p.tmp)
 		}
-	}()
-	if _, err := tmp.Write(img); err != nil {
-		return err
 	}
-	if err := tmp.Chmod(0o644); err != nil {
-		return err
+	if err != nil {
+		os.Remove(p.tmp)
+		if errors.Is(err, unix.EEXIST) || errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("%s: %w", p.path, os.ErrExist)
+		}
+		return &os.LinkError{Op: "rename", Old: p.tmp, New: p.path, Err: err}
 	}
-	if err := tmp.Sync(); err != nil {
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	// (Linkat or renameat2 with RENAME_NOREPLACE would refuse a file
-	// that appeared meanwhile; a plain rename is what qemu-img does.)
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	ok = true
+	return syncDir(filepath.Dir(p.path))
+}
+
+// Abandon removes the temporary file.
+func (p *Prepared) Abandon() { os.Remove(p.tmp) }
+
+func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

@@ -2,7 +2,9 @@ package qcow2_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
@@ -73,4 +75,41 @@ func checkJSON(t *testing.T, p string) map[string]any {
 	}
 	delete(m, "filename")
 	return m
+}
+
+// TestPreparePublish: a prepared image is not at its name until
+// published; publishing never replaces a file that appeared meanwhile.
+func TestPreparePublish(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "a.qcow2")
+	p, err := qcow2.Prepare(path, qcow2.CreateOptions{Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("image at its name before Publish: %v", err)
+	}
+	if err := os.WriteFile(path, []byte("someone else's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(); !errors.Is(err, os.ErrExist) {
+		t.Fatalf("Publish over an existing file: %v, want ErrExist", err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "someone else's" {
+		t.Fatalf("the existing file was replaced")
+	}
+	if _, err := os.Stat(p.Temp()); !os.IsNotExist(err) {
+		t.Fatalf("temporary file left behind: %v", err)
+	}
+	os.Remove(path)
+	p, err = qcow2.Prepare(path, qcow2.CreateOptions{Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Fatalf("folder holds %d files after Publish, want 1", len(ents))
+	}
 }
