@@ -11,10 +11,12 @@ import (
 )
 
 // Creating images: a version 3 image laid out as qemu-img create lays it
-// out (the header cluster with the backing format and feature name table
-// extensions and the backing file name, then the refcount table, its
-// refcount block, the L1 table), so that qemu-img info and check say the
-// same of both.
+// out (the header cluster with the backing format and, in clusters of
+// 8 KiB and more, feature name table extensions and the backing file name;
+// then the refcount table, its first refcount block, the L1 table, and any
+// further refcount blocks), so that qemu-img info and check say the same of
+// both, and the bytes are the same but for the order of refcount blocks
+// beyond the first.
 
 // CreateOptions describe an image to create.
 type CreateOptions struct {
@@ -154,8 +156,10 @@ func encodeImage(o CreateOptions) ([]byte, error) {
 	}
 	l1Clusters := max(1, (l1Entries*8+cs-1)/cs)
 
-	// The layout: header, refcount table, refcount blocks, L1 table; the
-	// blocks count every cluster of it, the table names every block.
+	// The layout: header, refcount table, the first refcount block, the
+	// L1 table, and after it the refcount blocks that counting it needs
+	// (where qemu's allocator puts them); the blocks count every cluster
+	// of it, the table names every block.
 	perBlock := cs * 8 / 16
 	rt, rb := int64(1), int64(1)
 	for {
@@ -167,11 +171,19 @@ func encodeImage(o CreateOptions) ([]byte, error) {
 		}
 		rb, rt = max(rb, needRB), max(rt, needRT)
 	}
-	rtOff, rbOff, l1Off := cs, (1+rt)*cs, (1+rt+rb)*cs
+	rtOff, l1Off := cs, (2+rt)*cs
+	rbOffs := []int64{(1 + rt) * cs}
+	for i := int64(1); i < rb; i++ {
+		rbOffs = append(rbOffs, (2+rt+l1Clusters+i-1)*cs)
+	}
 	total := 1 + rt + rb + l1Clusters
 	// qemu's file ends right after the L1 table (the rest of its last
-	// cluster is not written).
-	buf := make([]byte, l1Off+max(8, l1Entries*8))
+	// cluster is not written), or after the last refcount block.
+	end := l1Off + max(8, l1Entries*8)
+	if rb > 1 {
+		end = rbOffs[rb-1] + cs
+	}
+	buf := make([]byte, end)
 
 	h := buf[:cs]
 	fieldMagic.put(h, Magic)
@@ -198,13 +210,17 @@ func encodeImage(o CreateOptions) ([]byte, error) {
 	if o.BackingFormat != "" {
 		ext(extBackingFormat, []byte(o.BackingFormat))
 	}
-	ft := make([]byte, len(featureTable)*featureTableEntryBytes)
-	for i, f := range featureTable {
-		e := ft[i*featureTableEntryBytes:]
-		e[0], e[1] = f.Type, f.Bit
-		copy(e[2:featureTableEntryBytes], f.Name)
+	if cs >= 8192 {
+		// (qemu leaves the feature name table out of smaller
+		// header clusters.)
+		ft := make([]byte, len(featureTable)*featureTableEntryBytes)
+		for i, f := range featureTable {
+			e := ft[i*featureTableEntryBytes:]
+			e[0], e[1] = f.Type, f.Bit
+			copy(e[2:featureTableEntryBytes], f.Name)
+		}
+		ext(extFeatureTable, ft)
 	}
-	ext(extFeatureTable, ft)
 	p += 8 // the end marker (zeros)
 	if o.Backing != "" {
 		if p+len(o.Backing) > int(cs) {
@@ -216,11 +232,12 @@ func encodeImage(o CreateOptions) ([]byte, error) {
 	}
 	// The refcount table and blocks: every cluster of the layout has
 	// refcount 1.
-	for i := int64(0); i < rb; i++ {
-		binary.BigEndian.PutUint64(buf[rtOff+i*8:], uint64(rbOff+i*cs))
+	for i, off := range rbOffs {
+		binary.BigEndian.PutUint64(buf[rtOff+int64(i)*8:], uint64(off))
 	}
 	for c := int64(0); c < total; c++ {
-		binary.BigEndian.PutUint16(buf[rbOff+c*2:], 1)
+		blk := rbOffs[c/perBlock]
+		binary.BigEndian.PutUint16(buf[blk+c%perBlock*2:], 1)
 	}
 	return buf, nil
 }

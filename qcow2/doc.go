@@ -50,6 +50,8 @@
 //     are not read.
 //   - probe.go: the build's inflater, lock probing without locks, locks on
 //     raw files.
+//   - create.go: new images (Create; Prepare and Publish, its two halves),
+//     laid out as qemu-img create lays them out.
 //
 // Hostile input: every offset and length read from a file is checked
 // before it is added to anything; every structure is within qemu's limits
