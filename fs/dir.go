@@ -185,13 +185,17 @@ func (m *mount) fillAttr(a *fuse.Attr, x *shown) (final bool) {
 		a.Size = uint64(e.st.Size)
 		return false
 	}
-	a.Size = uint64(x.size)
+	size := m.diskSize(x.disk(), x.size)
+	a.Size = uint64(size)
 	used, counted := m.usage.get(x.disk())
 	if !counted {
 		used = x.used()
-		if oi := m.openNow(x.disk()); oi != nil && oi.img.Writable() {
-			// Being written: the host allocation now.
-			used = min(oi.img.AllocatedBytes(), x.size)
+		if oi := m.openNow(x.disk()); oi != nil {
+			if oi.image().Writable() {
+				// Being written: the host allocation now.
+				used = min(oi.image().AllocatedBytes(), size)
+			}
+			m.release(oi)
 		}
 	}
 	a.Blocks = (uint64(used) + 511) / 512
@@ -201,8 +205,9 @@ func (m *mount) fillAttr(a *fuse.Attr, x *shown) (final bool) {
 
 // writableDisk reports whether x is a disk (or partition) whose file can be
 // written: in a writable mount, an image (not a snapshot) that can be
-// written and is no other image's backing file.
+// written and is no other image's backing file (which in overlay mode
+// does not matter: only overlays are written).
 func (m *mount) writableDisk(x *shown) bool {
 	return m.cfg.Writable && x.e.kind == kindImage && x.snap == 0 && x.part != partsFolder &&
-		x.e.facts != nil && x.e.facts.writable && m.backingOf(x.e.key) == ""
+		x.e.facts != nil && x.e.facts.writable && (m.cfg.Overlay != "" || m.backingOf(x.e.key) == "")
 }

@@ -73,12 +73,14 @@ func (n *imageNode) fileSize(oi *openImage) int64 {
 		return n.size
 	}
 	if oi == nil {
-		oi = n.m.openNow(n.disk())
+		if oi = n.m.openNow(n.disk()); oi != nil {
+			defer n.m.release(oi)
+		}
 	}
 	if oi != nil {
-		return oi.img.Size()
+		return oi.image().Size()
 	}
-	return n.size
+	return n.m.diskSize(n.disk(), n.size)
 }
 
 // Getattr reports the image file's attributes with the virtual size.
@@ -126,13 +128,22 @@ func (n *imageNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.Set
 		}
 		defer n.m.closeHandle(oi, true)
 	}
-	if err := oi.img.Resize(int64(size)); err != nil {
-		n.m.log.Warn("resize refused", "image", oi.path, "size", size, "reason", err.Error())
-		if int64(size) < oi.img.Size() {
-			return syscall.EPERM
-		}
+	if int64(size) == oi.image().Size() {
+		return n.Getattr(ctx, f, out)
+	}
+	if int64(size) < oi.image().Size() {
+		n.m.log.Warn("resize refused: a disk cannot shrink", "image", oi.imagePath(), "size", size, "now", oi.image().Size())
+		return syscall.EPERM
+	}
+	img, err := n.m.writeTarget(oi)
+	if err != nil {
 		return errnoOf(err)
 	}
+	if err := img.Resize(int64(size)); err != nil {
+		n.m.log.Warn("resize refused", "image", oi.imagePath(), "size", size, "reason", err.Error())
+		return errnoOf(err)
+	}
+	n.m.grown(oi.d, img.Size())
 	n.m.usage.forget(oi.d)
 	return n.Getattr(ctx, f, out)
 }
@@ -169,7 +180,11 @@ func (h *imageHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 		return 0, syscall.ENOSPC
 	}
 	data = data[:min(int64(len(data)), end-off)]
-	k, err := h.oi.img.WriteAt(data, n.start+off)
+	img, err := n.m.writeTarget(h.oi)
+	if err != nil {
+		return 0, n.m.writeFailed(h.oi, off, err)
+	}
+	k, err := img.WriteAt(data, n.start+off)
 	if err != nil {
 		return uint32(k), n.m.writeFailed(h.oi, off, err)
 	}
@@ -183,7 +198,10 @@ var _ = (gofs.FileFsyncer)((*imageHandle)(nil))
 // ENOSYS (after which the kernel would take every fsync for a success), and
 // fails for ever once a write or sync of the image failed.
 func (h *imageHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
-	if err := h.oi.img.Flush(); err != nil {
+	if h.oi.pending.Load() {
+		return 0 // nothing written yet
+	}
+	if err := h.oi.image().Flush(); err != nil {
 		return h.n.m.writeFailed(h.oi, -1, err)
 	}
 	return 0
@@ -211,9 +229,15 @@ func (h *imageHandle) Allocate(ctx context.Context, off, size uint64, mode uint3
 	if !h.write {
 		return syscall.EBADF
 	}
-	img := h.oi.img
 	end := n.fileSize(h.oi)
 	o, l := int64(off), int64(size)
+	if mode&^unix.FALLOC_FL_KEEP_SIZE == 0 && (o+l <= end || mode&unix.FALLOC_FL_KEEP_SIZE != 0) {
+		return 0 // mode 0 inside the disk: the range reads as before
+	}
+	img, err := n.m.writeTarget(h.oi)
+	if err != nil {
+		return n.m.writeFailed(h.oi, o, err)
+	}
 	switch mode &^ unix.FALLOC_FL_KEEP_SIZE {
 	case unix.FALLOC_FL_PUNCH_HOLE:
 		if mode&unix.FALLOC_FL_KEEP_SIZE == 0 {
@@ -230,6 +254,7 @@ func (h *imageHandle) Allocate(ctx context.Context, off, size uint64, mode uint3
 			if err := img.Resize(roundUp(o+l, 512)); err != nil {
 				return n.m.writeFailed(h.oi, o, err)
 			}
+			n.m.grown(h.oi.d, img.Size())
 			end = n.fileSize(h.oi)
 		}
 		if o < end {
@@ -245,12 +270,27 @@ func (h *imageHandle) Allocate(ctx context.Context, off, size uint64, mode uint3
 			if err := img.Resize(roundUp(o+l, 512)); err != nil {
 				return n.m.writeFailed(h.oi, o, err)
 			}
+			n.m.grown(h.oi.d, img.Size())
 		}
 	default:
 		return syscall.EOPNOTSUPP
 	}
 	n.m.usage.forget(h.oi.d)
 	return 0
+}
+
+// grown records that disk d is now size bytes large.
+func (m *mount) grown(d diskID, size int64) { m.resized.Store(d.base(), size) }
+
+// diskSize is the size of disk d (a whole disk, not a snapshot) if this
+// mount grew it since it was listed, else listed.
+func (m *mount) diskSize(d diskID, listed int64) int64 {
+	if d.part == 0 && d.snap == 0 {
+		if v, ok := m.resized.Load(d.base()); ok {
+			return max(v.(int64), listed)
+		}
+	}
+	return listed
 }
 
 func roundUp(n, to int64) int64 { return (n + to - 1) / to * to }

@@ -35,7 +35,7 @@ var zeros = make([]byte, 1<<20)
 // read answers a read of the image: at most len(dest) bytes at off, and
 // nothing at or past limit (the end of the disk, or of a partition).
 func (m *mount) read(oi *openImage, dest []byte, off, limit int64) (fuse.ReadResult, syscall.Errno) {
-	img := oi.img
+	img := oi.image()
 	limit = min(limit, img.Size())
 	if off >= limit {
 		return fuse.ReadResultData(nil), 0

@@ -45,9 +45,21 @@ type openImage struct {
 	rel   string // the image file, relative to the source root
 	path  string // and its absolute path, for messages
 	ready chan struct{}
-	img   *qcow2.Image // set, with err, before ready closes
-	err   error
-	fds   int // descriptors taken from the budget for img
+	// orig is the image file's own image, set with err before ready
+	// closes: the file the disk is named after (its identity, its
+	// snapshots). cur is the image served: orig itself, or in overlay
+	// mode its overlay once there is one (overlay.go). An image replaced
+	// in cur stays open until the last user lets go, for reads that
+	// started on it.
+	orig *qcow2.Image
+	cur  atomic.Pointer[qcow2.Image]
+	err  error
+	fds  int // descriptors taken from the budget for orig and cur
+
+	// Overlay mode: the overlay's path, and whether it still has to be
+	// made (at the first write; guarded by lockMu).
+	overlay string
+	pending atomic.Bool
 
 	refs int // users; guarded by registry.mu
 
@@ -80,12 +92,12 @@ func (m *mount) acquire(d diskID, rel string) (*openImage, error) {
 	r.images[d] = oi
 	r.mu.Unlock()
 
-	oi.img, oi.err = m.openCounted(d, rel)
+	oi.err = m.openCounted(oi)
 	if oi.err == nil {
-		oi.fds = oi.img.MaxFiles()
+		oi.fds = oi.files()
 		if err := m.fds.take(rel, oi.fds); err != nil {
-			oi.img.Close()
-			oi.img, oi.err, oi.fds = nil, err, 0
+			oi.close()
+			oi.err, oi.fds = err, 0
 			m.fdBudgetSpent(oi.path, err)
 		}
 	}
@@ -107,24 +119,68 @@ func (m *mount) release(oi *openImage) {
 		delete(r.images, oi.d)
 	}
 	r.mu.Unlock()
-	if last && oi.img != nil {
-		oi.img.Close()
+	if last && oi.orig != nil {
+		oi.close()
 		m.fds.give(oi.rel, oi.fds)
 	}
+}
+
+// image is the image served now.
+func (oi *openImage) image() *qcow2.Image { return oi.cur.Load() }
+
+// files is how many descriptors oi's images hold.
+func (oi *openImage) files() int {
+	n := oi.orig.MaxFiles()
+	if img := oi.image(); img != oi.orig {
+		n += img.MaxFiles()
+	}
+	return n
+}
+
+// close closes oi's images, returning the first error.
+func (oi *openImage) close() error {
+	var err error
+	if img := oi.image(); img != nil && img != oi.orig {
+		err = img.Close()
+	}
+	if oi.orig != nil {
+		if cerr := oi.orig.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
 }
 
 // openCounted opens the image like openImage, turning a panic of the
 // library into this image's error: whatever one image does, the others
 // (and the waiters on this one) go on.
-func (m *mount) openCounted(d diskID, rel string) (img *qcow2.Image, err error) {
+func (m *mount) openCounted(oi *openImage) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			m.log.Error("internal error (panic) opening an image; only this image is affected",
-				"image", m.src.abs(rel), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-			img, err = nil, fmt.Errorf("internal error opening the image: %v", r)
+				"image", oi.path, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			if oi.orig != nil {
+				oi.close()
+			}
+			oi.orig, err = nil, fmt.Errorf("internal error opening the image: %v", r)
+			oi.cur.Store(nil)
 		}
 	}()
-	return m.openImage(d, rel)
+	img, err := m.openImage(oi.d, oi.rel)
+	if err != nil {
+		return err
+	}
+	oi.orig = img
+	oi.cur.Store(img)
+	if m.cfg.Overlay != "" && oi.d.snap == 0 {
+		if err := m.pickOverlay(oi); err != nil {
+			oi.close()
+			oi.orig = nil
+			oi.cur.Store(nil)
+			return err
+		}
+	}
+	return nil
 }
 
 // fdBudgetSpent logs that an image was not opened for want of
@@ -144,7 +200,9 @@ func (m *mount) fdBudgetSpent(path string, err error) {
 // the backing file of another image) is opened for writing where it can
 // be; if it cannot, it opens read-only and says why (ReadOnlyReason).
 func (m *mount) openImage(d diskID, rel string) (*qcow2.Image, error) {
-	writable := m.cfg.Writable && d.snap == 0
+	// (In overlay mode the image file is only read: its overlay takes
+	// the writes.)
+	writable := m.cfg.Writable && m.cfg.Overlay == "" && d.snap == 0
 	var why string
 	if writable {
 		if over := m.backingOf(d.key); over != "" {
@@ -183,7 +241,7 @@ func (m *mount) openImage(d diskID, rel string) (*qcow2.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	if m.cfg.Writable && d.snap == 0 && !img.Writable() {
+	if writable && !img.Writable() {
 		if why == "" {
 			why = img.ReadOnlyReason()
 		}
@@ -203,7 +261,7 @@ func (m *mount) openHandle(d diskID, rel string, write bool) (*openImage, error)
 	if err != nil {
 		return nil, err
 	}
-	st, err := fileStat(oi.img)
+	st, err := fileStat(oi.orig)
 	if err == nil {
 		err = m.ids.opened(d.key, d.gen, versionOf(&st))
 	}
@@ -213,22 +271,22 @@ func (m *mount) openHandle(d diskID, rel string, write bool) (*openImage, error)
 	}
 	oi.lockMu.Lock()
 	defer oi.lockMu.Unlock()
-	if write && !oi.img.Writable() {
+	if write && !oi.image().Writable() && !oi.pending.Load() {
 		m.ids.closed(d.key, versionOf(&st))
 		m.release(oi)
 		return nil, syscall.EROFS
 	}
 	if oi.handles == 0 {
-		if err := oi.img.Lock(m.cfg.ForceShare); err != nil {
+		if err := oi.image().Lock(m.cfg.ForceShare); err != nil {
 			m.ids.closed(d.key, versionOf(&st))
 			m.release(oi)
 			return nil, err
 		}
 	}
-	if write && oi.writers == 0 {
-		if err := oi.img.LockWrite(); err != nil {
+	if write && oi.writers == 0 && !oi.pending.Load() {
+		if err := oi.image().LockWrite(); err != nil {
 			if oi.handles == 0 {
-				oi.img.Unlock()
+				oi.image().Unlock()
 			}
 			m.ids.closed(d.key, versionOf(&st))
 			m.release(oi)
@@ -250,19 +308,19 @@ func (m *mount) closeHandle(oi *openImage, write bool) {
 	oi.handles--
 	if write {
 		oi.writers--
-		if oi.writers == 0 {
-			if err := oi.img.Flush(); err != nil {
-				m.log.Error("flushing the image after its last writer closed", "image", oi.path, "err", err)
+		if oi.writers == 0 && oi.image().Writable() {
+			if err := oi.image().Flush(); err != nil {
+				m.log.Error("flushing the image after its last writer closed", "image", oi.imagePath(), "err", err)
 			}
-			oi.img.UnlockWrite()
+			oi.image().UnlockWrite()
 			m.usage.recount(oi.d)
 		}
 	}
 	if oi.handles == 0 {
-		oi.img.Unlock()
+		oi.image().Unlock()
 	}
 	oi.lockMu.Unlock()
-	st, err := fileStat(oi.img)
+	st, err := fileStat(oi.orig)
 	if err == nil {
 		m.ids.closed(oi.d.key, versionOf(&st))
 	} else {
@@ -289,18 +347,20 @@ func (m *mount) imageOptions() qcow2.Options {
 }
 
 // openNow returns disk d's open image if it is open now (nil otherwise),
-// without opening it or counting a use.
+// without opening it. It counts a use (the image cannot be closed while
+// the caller looks at it): the caller releases it.
 func (m *mount) openNow(d diskID) *openImage {
 	r := &m.reg
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	oi := r.images[d.base()]
-	r.mu.Unlock()
 	if oi == nil {
 		return nil
 	}
 	select {
 	case <-oi.ready:
 		if oi.err == nil {
+			oi.refs++
 			return oi
 		}
 	default:
@@ -314,10 +374,10 @@ func (m *mount) openNow(d diskID) *openImage {
 func (m *mount) writeFailed(oi *openImage, off int64, err error) syscall.Errno {
 	switch {
 	case errors.Is(err, qcow2.ErrOverlap):
-		m.log.Error("write refused: it would overwrite the image's metadata; the image is marked corrupt and takes no more writes (qemu-img check -r all)", "image", oi.path, "offset", off, "err", err)
+		m.log.Error("write refused: it would overwrite the image's metadata; the image is marked corrupt and takes no more writes (qemu-img check -r all)", "image", oi.imagePath(), "offset", off, "err", err)
 	case errors.Is(err, qcow2.ErrNoSpace):
 	case !oi.writeFailed.Swap(true):
-		m.log.Error("write failed; writes since the last fsync may be lost, and every later fsync of this image fails; further errors are not logged", "image", oi.path, "offset", off, "err", err)
+		m.log.Error("write failed; writes since the last fsync may be lost, and every later fsync of this image fails; further errors are not logged", "image", oi.imagePath(), "offset", off, "err", err)
 	}
 	return errnoOf(err)
 }
@@ -372,8 +432,8 @@ func (m *mount) closeAll() {
 	r.mu.Unlock()
 	for _, oi := range open {
 		<-oi.ready
-		if oi.img != nil {
-			if err := oi.img.Close(); err != nil {
+		if oi.orig != nil {
+			if err := oi.close(); err != nil {
 				m.log.Error("closing the image at unmount", "image", oi.path, "err", err)
 			}
 		}

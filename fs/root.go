@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -40,6 +41,14 @@ type Config struct {
 	// Writable makes the raw files of qcow2 images writable (their
 	// snapshots and plain files stay read-only).
 	Writable bool
+	// Overlay, with Writable, is a folder outside the source where the
+	// writes go: the images of the source are only read, and the first
+	// write to one makes its overlay there (overlay.go).
+	Overlay string
+	// TestHook, if set, is called at named points of the work (tests
+	// use it to crash the daemon there): "overlay-prepared", when an
+	// overlay is written under its temporary name.
+	TestHook func(point string)
 }
 
 // Timeouts the kernel may cache entries and attributes for. Folders can
@@ -77,6 +86,11 @@ type mount struct {
 	refused  map[string]error   // images not shown, by path (status.go)
 	readOnly map[string]string  // images of a writable mount shown read-only, and why
 	backing  map[fileKey]string // backing files of shown images, and which image reads them
+
+	// resized holds the virtual size of disks this mount grew, by disk
+	// (diskID, whole disk): what the listing (made before) and the
+	// nodes (made at lookup) say until the image is validated again.
+	resized sync.Map
 
 	// ctx ends the mount's background work (Root.Close).
 	ctx    context.Context
@@ -126,6 +140,14 @@ func NewRoot(cfg Config) (*Root, error) {
 	s, err := openSource(root)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Overlay != "" {
+		if !cfg.Writable {
+			return nil, errors.New("an overlay folder needs a writable mount")
+		}
+		if cfg.Overlay, err = filepath.Abs(cfg.Overlay); err != nil {
+			return nil, err
+		}
 	}
 	m := &mount{cfg: cfg, log: cfg.Log, src: s, ids: newIdentities(), usage: newUsageTable(), refused: map[string]error{}, readOnly: map[string]string{}, backing: map[fileKey]string{}, fds: newFDBudget()}
 	m.log.Debug("file descriptors", "limit", m.fds.nofile, "for open images", m.fds.limit, "per folder", m.fds.perFolder)

@@ -316,7 +316,7 @@ func (m *mount) validate(e *entry, old *entry) {
 	d := diskID{key: e.key, gen: e.gen}
 	oi, err := m.acquire(d, e.rel)
 	if err == nil && !m.cfg.ForceShare {
-		if err = oi.img.LockConflict(); err != nil {
+		if err = oi.image().LockConflict(); err != nil {
 			m.release(oi)
 		}
 	}
@@ -336,10 +336,12 @@ func (m *mount) validate(e *entry, old *entry) {
 	if old != nil && old.locked {
 		m.log.Info("image shown again: no other process writes it now", "image", m.src.abs(e.rel))
 	}
-	img := oi.img
-	f := &imageFacts{size: img.Size(), used: min(img.AllocatedBytes(), img.Size()), writable: img.Writable()}
+	// The disk as served (through its overlay, if it has one), with
+	// the original's snapshots and backing files.
+	img := oi.image()
+	f := &imageFacts{size: img.Size(), used: min(img.AllocatedBytes(), img.Size()), writable: img.Writable() || oi.pending.Load()}
 	var chain []fileKey
-	for _, b := range img.Chain() {
+	for _, b := range oi.orig.Chain() {
 		if fd, ok := b.(interface{ Fd() uintptr }); ok {
 			var st syscall.Stat_t
 			if syscall.Fstat(int(fd.Fd()), &st) == nil {
@@ -354,7 +356,7 @@ func (m *mount) validate(e *entry, old *entry) {
 		f.table = m.readPartitions(img, m.src.abs(e.rel))
 	}
 	unloadable := 0
-	for i, s := range img.Snapshots() {
+	for i, s := range oi.orig.Snapshots() {
 		sf := snapFacts{index: i + 1, id: s.ID, name: s.Name, size: s.Size}
 		if s.Err != nil {
 			sf.err = s.Err.Error()
@@ -367,11 +369,11 @@ func (m *mount) validate(e *entry, old *entry) {
 		}
 		if !m.cfg.NoPartitions && i < maxSnapshotTables {
 			if so, err := m.acquire(diskID{key: e.key, gen: e.gen, snap: i + 1}, e.rel); err == nil {
-				sf.table = m.readPartitions(so.img, describe(m.src.abs(e.rel), s.ID))
+				sf.table = m.readPartitions(so.image(), describe(m.src.abs(e.rel), s.ID))
 				m.release(so)
 			}
 		} else if i == maxSnapshotTables && !m.cfg.NoPartitions {
-			m.log.Warn("partitions of further snapshots not shown", "image", m.src.abs(e.rel), "snapshots", len(img.Snapshots()), "limit", maxSnapshotTables)
+			m.log.Warn("partitions of further snapshots not shown", "image", m.src.abs(e.rel), "snapshots", len(oi.orig.Snapshots()), "limit", maxSnapshotTables)
 		}
 		f.snaps = append(f.snaps, sf)
 	}

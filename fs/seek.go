@@ -24,7 +24,7 @@ var _ = (gofs.FileLseeker)((*imageHandle)(nil))
 // when the kernel interrupts the request (the caller was killed).
 func (h *imageHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
 	n := h.n
-	img := h.oi.img
+	img := h.oi.image()
 	// The file is [n.start, end) of the disk.
 	end := min(n.start+n.fileSize(h.oi), img.Size())
 	if int64(off) < 0 || n.start+int64(off) >= end {

@@ -143,11 +143,11 @@ func (r *Root) Stats() any {
 		default:
 			continue // still opening
 		}
-		if oi.img == nil {
+		if oi.image() == nil {
 			continue
 		}
 		oi.lockMu.Lock()
-		is := ImageStatus{Image: oi.path, Handles: oi.handles, Reads: oi.img.Stats()}
+		is := ImageStatus{Image: oi.path, Handles: oi.handles, Reads: oi.image().Stats()}
 		oi.lockMu.Unlock()
 		st.Images = append(st.Images, is)
 	}

@@ -32,6 +32,7 @@ type mountCmd struct {
 	NoPartitions        bool     `help:"Do not show the folders of guest partitions (STEM.raw.parts/p1, ...)."`
 	ForceShare          bool     `short:"U" help:"Serve images that another process (a running qemu) has open for writing, like qemu-img -U; their content may change under the reader. Not with --writable."`
 	Writable            bool     `help:"Make the raw files of qcow2 images writable: writes, discards (fstrim), zeroing and growing go into the images, crash-safe (see Writing in the README). Snapshots, partitions of snapshots and plain files stay read-only."`
+	Overlay             string   `placeholder:"DIR" help:"With --writable: never change the images; the first write to an image makes its overlay DIR/REL (a qcow2 whose backing file is the original; REL is the image's path below the source), and writes go there. DIR must lie outside the source and the mount point. See Overlays in the README."`
 	FSName              string   `name:"fsname" placeholder:"NAME" help:"What mount, df and findmnt show as the source (default: the source path)."`
 	Options             []string `short:"o" sep:"none" placeholder:"OPT,..." help:"${options_help}"`
 	// Fake is mount(8)'s -f: mount nothing.
@@ -106,7 +107,7 @@ func (c *mountCmd) Run(inv *invocation) error {
 // resolvePaths makes every path flag absolute against the caller's
 // working folder, before anything (the daemon) changes folder.
 func (c *mountCmd) resolvePaths() error {
-	for _, p := range []*string{&c.Source, &c.Mountpoint, &c.LogFile, &c.CPUProfile} {
+	for _, p := range []*string{&c.Source, &c.Mountpoint, &c.LogFile, &c.CPUProfile, &c.Overlay} {
 		if *p == "" {
 			continue
 		}
@@ -144,6 +145,9 @@ func sourceMissing(err error) bool {
 func (c *mountCmd) preflight() error {
 	if c.RO {
 		c.Writable = false
+	}
+	if c.Overlay != "" && !c.Writable {
+		return usageErrorf("--overlay needs --writable: an overlay holds what is written")
 	}
 	if c.Writable && c.ForceShare {
 		return fmt.Errorf("--force-share cannot be used with --writable: writing an image that another process writes would corrupt it")
@@ -202,6 +206,15 @@ func (c *mountCmd) preflight() error {
 		// lookup would come back to the daemon itself and hang.
 		return fmt.Errorf("source %s: inside the mount point %s; the mount would hide its own source", c.Source, c.Mountpoint)
 	}
+	if c.Overlay != "" {
+		srcDir := realSrc
+		if !st.IsDir() {
+			srcDir = filepath.Dir(realSrc)
+		}
+		if err := checkOverlayDir(c.Overlay, srcDir, realMnt); err != nil {
+			return err
+		}
+	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		return fmt.Errorf("FUSE is not available: %w (load the fuse module; in a container, pass the /dev/fuse device)", err)
 	}
@@ -220,6 +233,41 @@ func (c *mountCmd) preflight() error {
 		if b, err := os.ReadFile("/etc/fuse.conf"); err != nil || !hasUserAllowOther(b) {
 			return fmt.Errorf("--allow-other as non-root needs user_allow_other in /etc/fuse.conf")
 		}
+	}
+	return nil
+}
+
+// checkOverlayDir checks an overlay folder (absolute) against the source
+// folder and the mount point (both real paths), creating it if missing.
+// It must not overlap either: inside the source its overlays would be
+// shown as images (and could be taken for the originals they hide),
+// inside the mount the daemon would write to itself, and a folder holding
+// the source would put overlays where its images are.
+func checkOverlayDir(dir, src, mnt string) error {
+	// Where the folder will be, after symlinks, before anything is made.
+	real, rest := dir, ""
+	for {
+		r, err := filepath.EvalSymlinks(real)
+		if err == nil {
+			real = filepath.Join(r, rest)
+			break
+		}
+		if !errors.Is(err, os.ErrNotExist) || real == "/" {
+			return fmt.Errorf("overlay folder: %w", err)
+		}
+		rest = filepath.Join(filepath.Base(real), rest)
+		real = filepath.Dir(real)
+	}
+	switch {
+	case within(real, src):
+		return fmt.Errorf("overlay folder %s: inside the source folder %s; put it outside the source", dir, src)
+	case within(src, real):
+		return fmt.Errorf("overlay folder %s: holds the source folder %s; put it outside the source", dir, src)
+	case within(real, mnt) || within(mnt, real):
+		return fmt.Errorf("overlay folder %s: inside the mount point %s (or holding it); put it elsewhere", dir, mnt)
+	}
+	if err := os.MkdirAll(real, 0o755); err != nil {
+		return fmt.Errorf("overlay folder: %w", err)
 	}
 	return nil
 }

@@ -52,7 +52,9 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 		ForceShare:   c.ForceShare,
 		NoPartitions: c.NoPartitions,
 		Writable:     c.Writable,
+		Overlay:      c.Overlay,
 		Hint:         refusalHint,
+		TestHook:     testHook(),
 	}
 	cfg.Image.Cache = qcow2.NewCache(int64(c.L2CacheSize), int64(c.CacheSize))
 	cfg.Image.Budget = qcow2.NewBudget(int64(c.MetadataMemory))

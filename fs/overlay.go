@@ -1,0 +1,293 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/qcowfs/qcowfs/qcow2"
+)
+
+// Overlay mode (Config.Overlay): the image files of the source are opened
+// read-only and never written. The first write to an image makes its
+// overlay, OVERLAY/REL (REL being the image's path below the source), a
+// qcow2 image whose backing file is the original, named by absolute path
+// with format qcow2, of the same virtual and cluster size: made under a
+// temporary name, synced, renamed into place (never over a file) and its
+// folder synced, so that a crash leaves no half-made overlay. From then on
+// the overlay is served: writes go to it, reads fall through to the
+// original where it has nothing. A later mount with the same folder picks
+// the overlay up, after checking that it still names the original.
+//
+// The original stays open beside its overlay (openImage.orig): it is the
+// file the disk is named after, whose identity and snapshots the listing
+// shows, and reads that started before the overlay was made finish on it.
+
+// overlayPath is where the overlay of the image at rel lives.
+func (m *mount) overlayPath(rel string) string {
+	return filepath.Join(m.cfg.Overlay, filepath.FromSlash(rel))
+}
+
+// pickOverlay sets up overlay mode for oi, whose original is open: it
+// opens the overlay if one exists, or marks it pending.
+func (m *mount) pickOverlay(oi *openImage) error {
+	oi.overlay = m.overlayPath(oi.rel)
+	if why := overlayRefusal(oi.orig); why != "" {
+		m.noteReadOnly(oi.path, why)
+		return nil
+	}
+	img, err := m.openOverlay(oi)
+	if errors.Is(err, os.ErrNotExist) {
+		oi.pending.Store(true)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	oi.cur.Store(img)
+	return nil
+}
+
+// overlayRefusal says why original gets no overlay ("" if it can have
+// one): its snapshots and encrypted images stay read-only (an overlay
+// would hold an encrypted guest's data in the clear).
+func overlayRefusal(orig *qcow2.Image) string {
+	if orig.Header().CryptMethod != 0 {
+		return "it is encrypted, and its overlay would hold the guest's data unencrypted"
+	}
+	return ""
+}
+
+// openOverlay opens oi's existing overlay for writing; an error wrapping
+// os.ErrNotExist if there is none. The overlay must be a regular file (no
+// symlink is followed) naming oi's original as its backing file, in
+// format qcow2, and be at least as large.
+func (m *mount) openOverlay(oi *openImage) (*qcow2.Image, error) {
+	fd, err := unix.Open(oi.overlay, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		if err == unix.ELOOP {
+			return nil, fmt.Errorf("overlay %s: is a symlink; overlays must be regular files", oi.overlay)
+		}
+		return nil, &os.PathError{Op: "open overlay", Path: oi.overlay, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil, fmt.Errorf("overlay %s: not a regular file", oi.overlay)
+	}
+	hf, err := qcow2.NewFile(os.NewFile(uintptr(fd), oi.overlay))
+	if err != nil {
+		return nil, err
+	}
+	opts := m.imageOptions()
+	opts.Writable = true
+	opts.Opener = &overlayOpener{m: m, oi: oi, next: m.opener()}
+	img, err := qcow2.NewImage(hf, opts)
+	if err != nil {
+		return nil, fmt.Errorf("overlay %s of %s: %w (remove it to start again from the original, or mount with another --overlay folder)", oi.overlay, oi.path, err)
+	}
+	h := img.Header()
+	var why string
+	switch {
+	case h.BackingFile != oi.path:
+		why = fmt.Sprintf("its backing file is %q, not the original %q", h.BackingFile, oi.path)
+	case h.BackingFormat != "qcow2":
+		why = fmt.Sprintf("its backing format is %q, not \"qcow2\"", h.BackingFormat)
+	case img.Size() < oi.orig.Size():
+		why = fmt.Sprintf("its virtual size %d is smaller than the original's %d", img.Size(), oi.orig.Size())
+	case !img.Writable():
+		why = "it cannot be written: " + img.ReadOnlyReason()
+	}
+	if why != "" {
+		img.Close()
+		return nil, fmt.Errorf("overlay %s does not belong to %s: %s (remove it to start again from the original, or mount with another --overlay folder)", oi.overlay, oi.path, why)
+	}
+	return img, nil
+}
+
+// writeTarget is the image a write of oi changes: its overlay in overlay
+// mode, made now if this is the image's first write.
+func (m *mount) writeTarget(oi *openImage) (*qcow2.Image, error) {
+	if !oi.pending.Load() {
+		return oi.image(), nil
+	}
+	oi.lockMu.Lock()
+	defer oi.lockMu.Unlock()
+	if !oi.pending.Load() {
+		return oi.image(), nil
+	}
+	img, err := m.makeOverlay(oi)
+	if err != nil {
+		m.log.Error("cannot make the overlay; the write fails", "image", oi.path, "overlay", oi.overlay, "err", err)
+		return nil, err
+	}
+	// The overlay takes the locks of the handles open now.
+	if oi.handles > 0 {
+		if err := img.Lock(m.cfg.ForceShare); err != nil {
+			img.Close()
+			return nil, err
+		}
+	}
+	if oi.writers > 0 {
+		if err := img.LockWrite(); err != nil {
+			img.Close()
+			return nil, err
+		}
+	}
+	n := img.MaxFiles()
+	if err := m.fds.take(oi.rel, n); err != nil {
+		img.Close()
+		m.fdBudgetSpent(oi.path, err)
+		return nil, err
+	}
+	oi.fds += n
+	oi.cur.Store(img)
+	oi.pending.Store(false)
+	if oi.handles > 0 {
+		// The overlay's chain holds the reader's locks on the
+		// original now.
+		oi.orig.Unlock()
+	}
+	m.log.Info("overlay made: writes of the image go to it", "image", oi.path, "overlay", oi.overlay)
+	return img, nil
+}
+
+// makeOverlay creates oi's overlay (unless another mount just did) and
+// opens it.
+func (m *mount) makeOverlay(oi *openImage) (*qcow2.Image, error) {
+	img, err := m.openOverlay(oi)
+	if !errors.Is(err, os.ErrNotExist) {
+		return img, err
+	}
+	dir := filepath.Dir(oi.overlay)
+	if err := mkdirSynced(dir); err != nil {
+		return nil, err
+	}
+	removeStaleTemps(oi.overlay)
+	h := oi.orig.Header()
+	p, err := qcow2.Prepare(oi.overlay, qcow2.CreateOptions{
+		Size:          oi.orig.Size(),
+		ClusterSize:   h.ClusterSize(),
+		Backing:       oi.path,
+		BackingFormat: "qcow2",
+		ExtendedL2:    h.ExtendedL2(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	m.testHook("overlay-prepared")
+	if err := p.Publish(); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, err
+	}
+	return m.openOverlay(oi)
+}
+
+// removeStaleTemps removes temporary files a crash left while making the
+// overlay at path (qcow2.Prepare's ".NAME.tmp-*").
+func removeStaleTemps(path string) {
+	dir, base := filepath.Dir(path), filepath.Base(path)
+	names, _ := filepath.Glob(filepath.Join(dir, "."+escapeGlob(base)+".tmp-*"))
+	for _, n := range names {
+		os.Remove(n)
+	}
+}
+
+func escapeGlob(s string) string {
+	r := strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`)
+	return r.Replace(s)
+}
+
+// mkdirSynced makes dir and its missing parents, syncing the folder that
+// receives each new one, so that an overlay published in it survives a
+// crash.
+func mkdirSynced(dir string) error {
+	if st, err := os.Stat(dir); err == nil {
+		if !st.IsDir() {
+			return fmt.Errorf("%s: not a folder", dir)
+		}
+		return nil
+	}
+	parent := filepath.Dir(dir)
+	if parent != dir {
+		if err := mkdirSynced(parent); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	d, err := os.Open(parent)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// testHook runs Config.TestHook at a named point, if set.
+func (m *mount) testHook(point string) {
+	if m.cfg.TestHook != nil {
+		m.cfg.TestHook(point)
+	}
+}
+
+// opener is the mount's opener of backing and data files.
+func (m *mount) opener() qcow2.Opener {
+	if m.cfg.Image.Opener != nil {
+		return m.cfg.Image.Opener
+	}
+	return &qcow2.LocalOpener{AllowedDirs: m.cfg.Image.AllowedDirs}
+}
+
+// overlayOpener opens the files an overlay names: its backing file must be
+// its original, opened through the source tree and checked to be the
+// very file the disk stands for; an overlay names no data file. The
+// original's own backing and data files are opened as for any image.
+type overlayOpener struct {
+	m    *mount
+	oi   *openImage
+	next qcow2.Opener
+}
+
+func (o *overlayOpener) Open(image qcow2.HostFile, field, name string) (qcow2.HostFile, error) {
+	if image.Name() != o.oi.overlay {
+		return o.next.Open(image, field, name)
+	}
+	refuse := func(reason string) error {
+		return &qcow2.RefusedError{File: o.oi.overlay, Field: field, Name: name, Reason: reason}
+	}
+	if field != "backing file" {
+		return nil, refuse("an overlay has no data file of its own")
+	}
+	if name != o.oi.path {
+		return nil, refuse(fmt.Sprintf("the overlay does not belong to %s, which it must name as its backing file", o.oi.path))
+	}
+	f, err := o.m.src.open(o.oi.rel)
+	if err != nil {
+		return nil, err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if keyOf(&st) != o.oi.d.key {
+		f.Close()
+		return nil, syscall.ESTALE // the original was replaced meanwhile
+	}
+	return qcow2.NewFile(f)
+}
+
+// imagePath is the path of the file oi's writes go to: the overlay once
+// there is one, else the image file.
+func (oi *openImage) imagePath() string {
+	if oi.overlay != "" && oi.image() != oi.orig {
+		return oi.overlay
+	}
+	return oi.path
+}
