@@ -132,17 +132,7 @@ func TestOverlayWrites(t *testing.T) {
 			for _, op := range qemu.Ops(h.Sum64(), n, int64(len(s.model)), s.im.ClusterSize) {
 				applyThrough(t, f, op)
 				s.model = op.Apply(s.model)
-				cs := s.im.ClusterSize
-				switch op.Kind {
-				case qemu.OpWrite:
-					for c := op.Off / cs; c <= (op.Off+op.Len-1)/cs; c++ {
-						delete(s.zeroed, c)
-					}
-				case qemu.OpDiscard, qemu.OpZero:
-					for c := (op.Off + cs - 1) / cs; (c+1)*cs <= op.Off+op.Len; c++ {
-						s.zeroed[c] = true
-					}
-				}
+				noteZeroed(s.zeroed, op, s.im.ClusterSize)
 			}
 			if err := f.Close(); err != nil {
 				t.Errorf("%s: close: %v", s.im.Name, err)

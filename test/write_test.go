@@ -51,6 +51,22 @@ func applyThrough(t *testing.T, f *os.File, op qemu.Op) {
 	}
 }
 
+// noteZeroed keeps zeroed, the clusters whose last operation discarded or
+// zeroed them whole (qemu-img map must show them as zero), up to date
+// with op, in an image of cluster size cs.
+func noteZeroed(zeroed map[int64]bool, op qemu.Op, cs int64) {
+	switch op.Kind {
+	case qemu.OpWrite:
+		for c := op.Off / cs; c <= (op.Off+op.Len-1)/cs; c++ {
+			delete(zeroed, c)
+		}
+	case qemu.OpDiscard, qemu.OpZero:
+		for c := (op.Off + cs - 1) / cs; (c+1)*cs <= op.Off+op.Len; c++ {
+			zeroed[c] = true
+		}
+	}
+}
+
 func fileSHA(t *testing.T, path string) [32]byte {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -137,17 +153,7 @@ func TestWriteThroughMount(t *testing.T) {
 			op := s.ops[i]
 			applyThrough(t, s.f, op)
 			s.model = op.Apply(s.model)
-			cs := s.im.ClusterSize
-			switch op.Kind {
-			case qemu.OpWrite:
-				for c := op.Off / cs; c <= (op.Off+op.Len-1)/cs; c++ {
-					delete(s.zeroed, c)
-				}
-			case qemu.OpDiscard, qemu.OpZero:
-				for c := (op.Off + cs - 1) / cs; (c+1)*cs <= op.Off+op.Len; c++ {
-					s.zeroed[c] = true
-				}
-			}
+			noteZeroed(s.zeroed, op, s.im.ClusterSize)
 		}
 	}
 	for _, s := range all {
