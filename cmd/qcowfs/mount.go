@@ -31,7 +31,7 @@ type mountCmd struct {
 	LogFile             string        `placeholder:"PATH" help:"Append the daemon's log here. Default: syslog; without syslog (no /dev/log) /run/qcowfs/MNT.log as root, $$XDG_RUNTIME_DIR/qcowfs/MNT.log otherwise; stderr with --foreground. SIGHUP reopens it."`
 	Debug               bool          `help:"Log every FUSE request and reply (very verbose)."`
 	CPUProfile          string        `placeholder:"PATH" help:"Write a Go CPU profile of the daemon here, from mount to unmount."`
-	AllowBackingOutside []string      `placeholder:"DIR|URL" sep:"none" help:"Also follow backing and data files that resolve inside DIR, or for remote images under the URL prefix (repeat the flag for more). By default they must lie inside the source folder (or under the source's URL prefix)."`
+	AllowBackingOutside []string      `placeholder:"DIR" sep:"none" help:"Also follow backing and data files that resolve inside DIR, or for remote images under DIR given as a URL prefix (repeat the flag for more). By default they must lie inside the source folder (or under the source's URL prefix)."`
 	AllowCorrupt        bool          `help:"Serve images qemu marked corrupt (read-only, with a warning in the log)."`
 	NoPartitions        bool          `help:"Do not show the folders of guest partitions (STEM.raw.parts/p1, ...)."`
 	ForceShare          bool          `short:"U" help:"Serve images that another process (a running qemu) has open for writing, like qemu-img -U; their content may change under the reader. Not with --writable."`

@@ -19,16 +19,16 @@ import (
 
 // remoteFlags map one to one onto remote.Options.
 type remoteFlags struct {
-	S3Endpoint        string        `name:"s3-endpoint" placeholder:"URL" help:"For s3:// URLs: the endpoint of an S3-compatible store (MinIO, Ceph RGW, versitygw), addressed by path unless --s3-virtual-host. Default: AWS."`
+	S3Endpoint        string        `name:"s3-endpoint" placeholder:"URL" help:"For s3:// URLs: the endpoint of an S3-compatible store (MinIO, Ceph RGW, versitygw) instead of AWS; buckets there are addressed by path unless --s3-virtual-host."`
 	S3Region          string        `name:"s3-region" placeholder:"REGION" help:"For s3:// URLs: the region to sign for. Default: the AWS configuration (AWS_REGION, the profile), else us-east-1."`
 	S3VirtualHost     bool          `name:"s3-virtual-host" help:"With --s3-endpoint: address buckets as BUCKET.endpoint rather than endpoint/BUCKET."`
 	RemoteConnections int           `default:"8" placeholder:"N" help:"Remote images: the most range requests in flight at once (default: ${default})."`
 	RemoteChunkSize   byteSize      `default:"256K" placeholder:"SIZE" help:"Remote images: the unit of caching and the smallest range fetched, a power of two from 4K to 16M (default: ${default})."`
 	RemoteCacheSize   byteSize      `default:"128M" placeholder:"SIZE" help:"Remote images: memory for fetched chunks, shared by all remote images (default: ${default})."`
 	RemoteTimeout     time.Duration `default:"30s" placeholder:"DURATION" help:"Remote images: a read (or open, or listing) that cannot be served in this time, retries included, fails with EIO (default: ${default})."`
-	CacheDir          string        `placeholder:"DIR" help:"Remote images: also keep fetched chunks on disk under DIR, bounded by --cache-dir-size; later mounts find them there."`
-	CacheDirSize      byteSize      `default:"1G" placeholder:"SIZE" help:"Remote images: the most bytes kept under --cache-dir (default: ${default})."`
-	CAFile            string        `name:"ca-file" placeholder:"PATH" help:"Remote images: trust the CA certificates in this PEM file for https (and an https --s3-endpoint), besides the system's."`
+	CacheDir          string        `placeholder:"DIR" help:"Remote images: also keep fetched chunks on disk under DIR, bounded by the cache dir size below; later mounts find them there."`
+	CacheDirSize      byteSize      `default:"1G" placeholder:"SIZE" help:"Remote images: the most bytes the disk cache keeps (default: ${default})."`
+	CAFile            string        `name:"ca-file" placeholder:"PATH" help:"Remote images: trust the CA certificates in this PEM file for https (an https S3 endpoint too), besides the system CAs."`
 }
 
 // absPaths makes the path flags absolute.
