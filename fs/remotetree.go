@@ -251,13 +251,13 @@ func (l *listing) finish() {
 			p = parent
 		}
 	}
-	for dir, names := range children {
-		if dir != "" {
-			if o, ok := l.objects[dir]; ok {
-				delete(l.objects, dir)
-				delete(l.byURL, o.url)
-			}
+	for dir := range children {
+		if o, ok := l.objects[dir]; ok && dir != "" {
+			delete(l.objects, dir)
+			delete(l.byURL, o.url)
 		}
+	}
+	for dir, names := range children {
 		d := &remoteDir{}
 		for n := range names {
 			d.children = append(d.children, n)

@@ -31,7 +31,8 @@ func listNames(t testing.TB, dir string) []string {
 // appear in folders mirroring their keys (nested prefixes, a backing chain
 // across them), other objects and other prefixes do not; an object put
 // while mounted appears within the refresh interval; every raw file reads
-// as qemu-img convert of the file uploaded. A wrong secret key fails the
+// as qemu-img convert of the file uploaded; an object replaced shows its
+// new content after the next refresh. A wrong secret key fails the
 // mount with a clear error, a non-zero exit, nothing mounted, and neither
 // secret appears in any message or log.
 func TestRemoteS3(t *testing.T) {
@@ -96,6 +97,15 @@ func TestRemoteS3(t *testing.T) {
 		t.Errorf("the new object appeared after %v; the refresh interval is 1s", d)
 	}
 	sameFile(t, filepath.Join(m.Dir, "deep", "new.raw"), wantRaw(t, expect, n))
+
+	// Replaced while mounted (and not open): the next listing shows the
+	// new version, a new file with the new size and bytes.
+	putFile(t, srv, "images", "vms/a.qcow2", n)
+	waitFor(t, "the replaced object to show its new size", 5*time.Second, func() bool {
+		st, err := os.Stat(filepath.Join(m.Dir, "a.raw"))
+		return err == nil && st.Size() == 4<<20
+	})
+	sameFile(t, filepath.Join(m.Dir, "a.raw"), filepath.Join(expect, "new.raw"))
 
 	log := m.logText(t)
 	if strings.Contains(log, srv.Secret) {
