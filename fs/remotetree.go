@@ -25,8 +25,9 @@ import (
 //
 // The tree is a listing, made at mount time (a failure there, a wrong key
 // say, fails the mount) and made again by the first lookup or listing
-// after it is RemoteRefresh old; a refresh that fails keeps the last
-// listing, with one log line until one succeeds again. For one image the
+// after it is RemoteRefresh old (other requests meanwhile get the last
+// listing); a refresh that fails keeps the last listing, with one log line
+// until one succeeds again. For one image the
 // "listing" is an open of the object, which learns its size and ETag.
 //
 // Objects are shown only if they are qcow2 images (by their magic bytes):
@@ -59,7 +60,7 @@ type remoteTree struct {
 	opener  *remotefile.Opener
 	allowed []string
 
-	listMu sync.Mutex // held while listing: one refresh at a time
+	listMu sync.Mutex // held while listing: one refresh at a time (TryLock)
 
 	mu      sync.Mutex // guards what follows; no I/O under it
 	cur     *listing
@@ -284,7 +285,11 @@ func (t *remoteTree) current() *listing {
 	if fresh {
 		return l
 	}
-	t.listMu.Lock()
+	if !t.listMu.TryLock() {
+		// Someone is listing: the last listing serves meanwhile, so
+		// that a slow server holds up one request, not every lookup.
+		return l
+	}
 	defer t.listMu.Unlock()
 	t.mu.Lock()
 	l, fresh = t.cur, time.Since(t.listed) < t.refresh

@@ -46,7 +46,7 @@ func TestRemoteFaults(t *testing.T) {
 
 	proxy := servers.NewFaultProxy(t, srv.Endpoint)
 	m := mountRemote(t, "s3://faults/img/", s3Env(t, srv.Access, srv.Secret),
-		"--s3-endpoint", proxy.URL, "--remote-timeout=3s", "--remote-refresh=1h")
+		"--s3-endpoint", proxy.URL, "--remote-timeout=3s", "--remote-refresh=1h", racyMount)
 	vf, err := os.Open(filepath.Join(m.Dir, "victim.raw"))
 	if err != nil {
 		t.Fatal(err)

@@ -38,9 +38,22 @@ func tryMountRemote(t testing.TB, src string, env []string, args ...string) (*mo
 	requireFUSE(t)
 	m := &mount{Dir: t.TempDir(), Log: filepath.Join(t.TempDir(), "qcowfs.log")}
 	all := append([]string{"mount", "--log-file", m.Log, "--log-level", "debug", "--read-ahead=0"}, remoteFlags...)
-	all = append(append(all, args...), src, m.Dir)
+	racy := false
+	for _, a := range args {
+		if a == racyMount {
+			racy = true
+			continue
+		}
+		all = append(all, a)
+	}
+	all = append(all, src, m.Dir)
+	// With racyMount, the race-detecting build when there is one.
 	cmd := exec.Command(qcowfsBin, all...)
 	cmd.Env = append(os.Environ(), env...)
+	if racy && raceBin != "" {
+		cmd = exec.Command(raceBin, all...)
+		cmd.Env = append(os.Environ(), append(env, "GORACE=log_path="+filepath.Join(raceDir, "report")+" halt_on_error=0")...)
+	}
 	r := cliRunCmd(t, cmd)
 	out := r.stdout + r.stderr
 	if r.code != 0 {

@@ -73,7 +73,7 @@ func TestRemoteS3(t *testing.T) {
 	}
 
 	// The endpoint as an -o option, as in fstab.
-	m := mountRemote(t, "s3://images/vms/", env, "-o", "s3_endpoint="+srv.Endpoint+",remote_refresh=1s")
+	m := mountRemote(t, "s3://images/vms/", env, "-o", "s3_endpoint="+srv.Endpoint+",remote_refresh=1s", racyMount)
 	for dir, want := range map[string][]string{"": {"a.raw", "deep"}, "deep": {"b.raw", "er"}, "deep/er": {"c.raw"}} {
 		if got := listNames(t, filepath.Join(m.Dir, dir)); !reflect.DeepEqual(got, want) {
 			t.Errorf("folder %q of the mount lists %q, want %q", dir, got, want)
