@@ -218,3 +218,31 @@ func TestRemoteSparseCopy(t *testing.T) {
 		t.Errorf("the copy allocates %d bytes; cp --sparse=always should have kept the holes", st.Blocks*512)
 	}
 }
+
+// TestRemoteURLCredentials: a password in an image's URL reaches the
+// server, and nothing else: not the mount table, the daemon's log, its
+// status, or the error of a failed mount.
+func TestRemoteURLCredentials(t *testing.T) {
+	requireFUSE(t)
+	root := qemu.TempDir(t)
+	img := filepath.Join(root, "vm.qcow2")
+	qemu.Create(t, "qcow2", img, "8M")
+	qemu.IO(t, img, "write -P 0x42 1M 1M")
+	ng := servers.StartNginx(t, root, false)
+	const password = "s3cr3t-pa55word"
+	withPass := strings.Replace(ng.URL, "://", "://user:"+password+"@", 1)
+
+	_, out, err := tryMountRemote(t, withPass+"/missing.qcow2", nil)
+	if err == nil || strings.Contains(out, password) {
+		t.Errorf("mount of a missing object: err %v, output %q; want a failure without the password", err, out)
+	}
+	m := mountRemote(t, withPass+"/vm.qcow2", nil)
+	sameFile(t, filepath.Join(m.Dir, "vm.raw"), wantRaw(t, t.TempDir(), img))
+	status, _ := qcowfs("status", "--output=json", m.Dir)
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for what, text := range map[string]string{"the log": m.logText(t), "qcowfs status": status, "the mount table": string(mounts)} {
+		if strings.Contains(text, password) {
+			t.Errorf("%s shows the URL's password", what)
+		}
+	}
+}
