@@ -267,20 +267,15 @@ func (o *overlayOpener) Open(image qcow2.HostFile, field, name string) (qcow2.Ho
 	if name != o.oi.path {
 		return nil, refuse(fmt.Sprintf("the overlay does not belong to %s, which it must name as its backing file", o.oi.path))
 	}
-	f, err := o.m.src.open(o.oi.rel)
+	f, st, err := o.m.src.openImage(o.oi.rel, false)
 	if err != nil {
-		return nil, err
-	}
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		f.Close()
 		return nil, err
 	}
 	if keyOf(&st) != o.oi.d.key {
 		f.Close()
 		return nil, syscall.ESTALE // the original was replaced meanwhile
 	}
-	return qcow2.NewFile(f)
+	return f, nil
 }
 
 // imagePath is the path of the file oi's writes go to: the overlay once
