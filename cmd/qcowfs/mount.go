@@ -36,6 +36,7 @@ type mountCmd struct {
 	NoPartitions        bool          `help:"Do not show the folders of guest partitions (STEM.raw.parts/p1, ...)."`
 	ForceShare          bool          `short:"U" help:"Serve images that another process (a running qemu) has open for writing, like qemu-img -U; their content may change under the reader. Not with --writable."`
 	Writable            bool          `help:"Make the raw files of qcow2 images writable: writes, discards (fstrim), zeroing and growing go into the images, crash-safe (see Writing in the README). Snapshots, partitions of snapshots and plain files stay read-only."`
+	WritebackCache      bool          `help:"With --writable: let the kernel gather buffered writes in its page cache and send them in large pieces (FUSE writeback cache): about 2x faster small buffered writes; fsync stays exact, but a write past the end of the disk fails at fsync or close instead of at write. See Writing in the README."`
 	Overlay             string        `placeholder:"DIR" help:"With --writable: never change the images; the first write to an image makes its overlay DIR/REL (a qcow2 whose backing file is the original; REL is the image's path below the source), and writes go there. DIR must lie outside the source and the mount point. See Overlays in the README."`
 	FSName              string        `name:"fsname" placeholder:"NAME" help:"What mount, df and findmnt show as the source (default: the source path)."`
 	RemoteRefresh       time.Duration `default:"30s" placeholder:"DURATION" help:"Remote sources: list again when the listing is this old, at the next lookup or listing; objects added or replaced show up then (default: ${default})."`
@@ -157,6 +158,9 @@ func sourceMissing(err error) bool {
 func (c *mountCmd) preflight() error {
 	if c.RO {
 		c.Writable = false
+	}
+	if c.WritebackCache && !c.Writable {
+		return usageErrorf("--writeback-cache needs --writable")
 	}
 	if c.Overlay != "" && !c.Writable {
 		return usageErrorf("--overlay needs --writable: an overlay holds what is written")

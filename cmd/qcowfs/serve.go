@@ -77,6 +77,9 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	}
 	opts := fs.Options(c.Writable)
 	opts.AllowOther = c.AllowOther
+	if c.WritebackCache {
+		opts.MountOptions.ExtraCapabilities |= fuse.CAP_WRITEBACK_CACHE
+	}
 	opts.Debug = c.Debug
 	opts.Logger = log.New(dest.out, "", log.LstdFlags)
 	opts.MountOptions.Logger = opts.Logger
