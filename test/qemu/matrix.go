@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -141,8 +142,16 @@ func Matrix(t testing.TB, dir string) []Image {
 	Create(t, "qcow2", prealloc, "8M", "-o", "preallocation=metadata")
 	IO(t, prealloc, "write -P 0x99 0 3M", "write -z 1M 1M", "write -z -u 2560k 64k")
 	add("prealloc", prealloc)
+	settle()
 	return out
 }
+
+// settle writes every dirty page back (sync), so that the images'
+// allocated sizes (st_blocks) are final: qemu's detection of
+// preallocated metadata, and so qemu-img map, depends on them, and a file
+// system with delayed allocation changes them when it writes back, which
+// would make qemu and qcowfs, asked a moment apart, see different files.
+func settle() { syscall.Sync() }
 
 // patternWrites returns qemu-io commands that exercise a disk of the given
 // size and cluster size: patterns at unaligned offsets, writes across
@@ -214,5 +223,6 @@ func StatusMatrix(t testing.TB, dir string) []Image {
 	// its allocation (st_blocks, unwritten extents) is still moving, and
 	// qemu's metadata-preallocation guess and host holes depend on it.
 	unix.Sync()
+	settle()
 	return images
 }
