@@ -256,3 +256,49 @@ func TestRefusalLog(t *testing.T) {
 	check(bad, 2, "--allow-corrupt", "corrupt bit set")
 	check(busy, 2, "--force-share", `\"write\" lock (byte 101)`)
 }
+
+// TestLockSnapshotAndPartitionFiles: a snapshot file (STEM@NAME.raw) and a
+// partition file (STEM.raw.parts/pN) hold the image's reader locks while
+// open, as its raw file does: qemu cannot open the image for writing
+// (qemu's own lock error) but can read it; after the last close, qemu
+// writes it again.
+func TestLockSnapshotAndPartitionFiles(t *testing.T) {
+	requireFUSE(t)
+	qemu.Require(t, "sfdisk")
+	work := t.TempDir()
+	disk := filepath.Join(work, "disk.img")
+	qemu.Run(t, "truncate", "-s", "8M", disk)
+	sfdisk := exec.Command("sfdisk", "-q", disk)
+	sfdisk.Stdin = strings.NewReader("label: dos\n,4MiB,83\n")
+	if out, err := sfdisk.CombinedOutput(); err != nil {
+		t.Fatalf("sfdisk: %v %s", err, out)
+	}
+	src := qemu.TempDir(t)
+	img := filepath.Join(src, "vm.qcow2")
+	qemu.Img(t, "convert", "-O", "qcow2", disk, img)
+	qemu.Img(t, "snapshot", "-c", "before", img)
+
+	m := mountImages(t, src)
+	for _, name := range []string{"vm@before.raw", filepath.Join("vm.raw.parts", "p1")} {
+		t.Run(filepath.Base(name), func(t *testing.T) {
+			// Written while closed, after the partition table (the
+			// write also makes a new version of the image).
+			qemu.IO(t, img, "write -P 0x44 6M 4k")
+			f, err := os.Open(filepath.Join(m.Dir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := exec.Command("qemu-io", "-f", "qcow2", "-c", "write 6M 4k", img).CombinedOutput()
+			if err == nil || !strings.Contains(string(out), `Failed to get "write" lock`) {
+				t.Errorf("qemu-io writing the image while %s is open: %v, %s; want qemu's write lock error", name, err, out)
+			}
+			if out, err := exec.Command("qemu-img", "info", img).CombinedOutput(); err != nil {
+				t.Errorf("qemu-img info (a reader) while %s is open: %v, %s", name, err, out)
+			}
+			f.Close()
+			waitFor(t, "the image's locks to be dropped after "+name+" is closed", 5*time.Second, func() bool {
+				return exec.Command("qemu-io", "-f", "qcow2", "-c", "write 6M 4k", img).Run() == nil
+			})
+		})
+	}
+}
