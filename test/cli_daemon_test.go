@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -550,4 +551,146 @@ func TestStatusCounters(t *testing.T) {
 		st, _ := cliStatusJSON(t, mnt)
 		return st.openEntry(img) == nil
 	})
+}
+
+// TestDaemonLogFallbackNotRoot: a user other than root, without syslog,
+// gets the log in $XDG_RUNTIME_DIR/qcowfs/MNT.log (without XDG_RUNTIME_DIR,
+// in a folder of its own in $TMPDIR, qcowfs-UID), the control socket
+// beside it (mode 0600; for a deep mount point, named short enough for a
+// unix socket), and qcowfs mount says where in one line; the user reads
+// the disk, asks qcowfs status and unmounts.
+//
+// The mount is a real FUSE mount by fusermount3 as nobody. It is made in
+// a private mount namespace, where a /dev/fuse nobody may open (the same
+// device, mode 0666) is bound over the machine's, and a plain file over
+// /dev/log if there is one (so there is no syslog); the test enters that
+// namespace (the daemon's) with nsenter for what nobody does in the mount.
+func TestDaemonLogFallbackNotRoot(t *testing.T) {
+	requireFUSE(t)
+	for _, tool := range []string{"setpriv", "unshare", "nsenter", "mknod", "fusermount3"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s not installed", tool)
+		}
+	}
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Fatal("no user nobody")
+	}
+	uid, _ := strconv.Atoi(nobody.Uid)
+	d := t.TempDir()
+	for _, p := range []string{d, filepath.Dir(d)} {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(d, "qcowfs")
+	b, err := os.ReadFile(qcowfsBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	src := cliMkdir(t, d, "images")
+	img, raw := cliImage(t, src, "vm")
+	os.Chmod(img, 0o644)
+	want, err := os.ReadFile(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	devDir := cliMkdir(t, d, "dev")
+	mine := func(name string) string {
+		p := cliMkdir(t, d, name)
+		if err := os.Chown(p, uid, -1); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(p, 0o700)
+		return p
+	}
+	const script = `set -e
+mount -t tmpfs -o mode=0755 qcowfs-test "$1"
+mknod -m 0666 "$1/fuse" c 10 229
+mount --bind "$1/fuse" /dev/fuse
+if [ -e /dev/log ]; then : > "$1/log"; mount --bind "$1/log" /dev/log; fi
+shift
+exec "$@"`
+	asNobody := []string{"setpriv", "--reuid=" + nobody.Uid, "--regid=" + nobody.Gid, "--clear-groups"}
+
+	for _, c := range []struct {
+		name string
+		env  func(string) (env, dir string) // the variable, and the folder qcowfs uses
+	}{
+		{"XDG_RUNTIME_DIR", func(p string) (string, string) { return "XDG_RUNTIME_DIR=" + p, filepath.Join(p, "qcowfs") }},
+		{"TMPDIR", func(p string) (string, string) { return "TMPDIR=" + p, filepath.Join(p, "qcowfs-"+nobody.Uid) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			// A deep mount point: the socket's name must be cut to fit
+			// a unix socket's path.
+			mnt := mine("mnt-" + c.name + "-" + strings.Repeat("x", 64))
+			varEnv, dir := c.env(mine("run-" + c.name))
+			env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", varEnv}
+			cliCleanup(t, mnt)
+			logFile := filepath.Join(dir, cliEscape(mnt)+".log")
+
+			cmd := exec.Command("unshare", append(append([]string{"--mount", "--propagation", "private", "sh", "-c", script, "sh", devDir}, asNobody...), bin, "mount", src, mnt)...)
+			cmd.Env = env
+			r := cliRunCmd(t, cmd)
+			cliWantOK(t, "qcowfs mount as nobody", r)
+			if w := "qcowfs: no syslog (/dev/log): the log is in " + logFile + "\n"; r.stderr != w {
+				t.Errorf("qcowfs mount said %q, want %q", r.stderr, w)
+			}
+			daemons := cliDaemons(t, mnt)
+			if len(daemons) != 1 {
+				t.Fatalf("want one daemon, have %v", daemons)
+			}
+			// What nobody runs in the daemon's mount namespace.
+			inMount := func(args ...string) cliResult {
+				t.Helper()
+				cmd := exec.Command("nsenter", append(append([]string{"--mount=/proc/" + strconv.Itoa(daemons[0]) + "/ns/mnt", "--"}, asNobody...), args...)...)
+				cmd.Env = env
+				return cliRunCmd(t, cmd)
+			}
+
+			socks, _ := filepath.Glob(filepath.Join(dir, "*.sock"))
+			if len(socks) != 1 || len(socks[0]) > 107 {
+				t.Fatalf("sockets in %s: %q; want one, its path at most 107 bytes (sun_path)", dir, socks)
+			}
+			sock := socks[0]
+			for _, f := range []struct {
+				path string
+				mode os.FileMode
+			}{{dir, os.ModeDir | 0o700}, {sock, os.ModeSocket | 0o600}} {
+				fi, err := os.Lstat(f.path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st := fi.Sys().(*syscall.Stat_t); fi.Mode()&(os.ModeType|os.ModePerm) != f.mode || int(st.Uid) != uid {
+					t.Errorf("%s: mode %v, owner %d; want %v, owner nobody (%d)", f.path, fi.Mode(), st.Uid, f.mode, uid)
+				}
+			}
+			if fi, err := os.Stat(logFile); err != nil || int(fi.Sys().(*syscall.Stat_t).Uid) != uid || fi.Mode().Perm()&0o077&^0o040 != 0 {
+				t.Errorf("log %s: %v, %v; want nobody's, not for others", logFile, fi, err)
+			}
+			got := inMount("cat", filepath.Join(mnt, "vm.raw"))
+			cliWantOK(t, "cat vm.raw as nobody", got)
+			if got.stdout != string(want) {
+				t.Errorf("vm.raw read by nobody is not what qemu-img convert makes (%d bytes, want %d)", len(got.stdout), len(want))
+			}
+			r = inMount(bin, "status", mnt)
+			cliWantOK(t, "qcowfs status as nobody", r)
+			if !strings.Contains(r.stdout, "log:         "+logFile+"\n") {
+				t.Errorf("qcowfs status does not name the log %s:\n%s", logFile, r.stdout)
+			}
+			cliWantOK(t, "qcowfs unmount as nobody", inMount(bin, "unmount", mnt))
+			cliWaitGone(t, mnt)
+			log, err := os.ReadFile(logFile)
+			if err != nil || !strings.Contains(string(log), "msg=mounted") || !strings.Contains(string(log), "mountpoint="+mnt) ||
+				!strings.Contains(string(log), "msg=unmounted") {
+				t.Errorf("log %s: %v; want the mount and the unmount:\n%s", logFile, err, log)
+			}
+			if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("control socket %s left behind after unmount: %v", sock, err)
+			}
+		})
+	}
 }
