@@ -52,6 +52,7 @@ func (m *mount) read(oi *openImage, dest []byte, off, limit int64) (fuse.ReadRes
 			return nil, m.readFailed(oi, off, err)
 		}
 		if rr != nil {
+			oi.countRead(size)
 			return pinned(rr, pin), 0
 		}
 		pin.Release()
@@ -60,7 +61,14 @@ func (m *mount) read(oi *openImage, dest []byte, off, limit int64) (fuse.ReadRes
 	if err != nil && err != io.EOF {
 		return nil, m.readFailed(oi, off, err)
 	}
+	oi.countRead(int64(n))
 	return fuse.ReadResultData(dest[:n]), 0
+}
+
+// countRead counts a read answered with n bytes.
+func (oi *openImage) countRead(n int64) {
+	oi.readRequests.Add(1)
+	oi.readBytes.Add(n)
 }
 
 // pinned returns rr with its Done releasing pin too. Splicing replies are

@@ -69,6 +69,9 @@ type openImage struct {
 
 	failed      atomic.Bool // a read failed; logged once
 	writeFailed atomic.Bool // a write failed; logged once
+
+	// Reads answered, and their bytes, for qcowfs status.
+	readRequests, readBytes atomic.Int64
 }
 
 // acquire returns the open image of disk d (the image file at rel), opening

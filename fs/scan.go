@@ -314,8 +314,17 @@ func (m *mount) validate(e *entry, old *entry) {
 		e.locked = errors.Is(err, qcow2.ErrLocked)
 		e.retry = e.locked || passing(err)
 		e.why = m.refusalOf(e.rel, err)
-		if old == nil || old.why == nil || old.why.reason != e.why.reason {
-			m.log.Warn("image not shown", "image", e.why.image, "reason", e.why.reason, "hint", e.why.hint)
+		// Logged once per version of the file. An image a qemu
+		// writes changes all the time while it is tried again at every
+		// scan: logged once until it is shown again.
+		again := old != nil && old.why != nil && old.why.reason == e.why.reason &&
+			(e.locked || unchanged(&old.st, &e.st))
+		if !again {
+			args := []any{"image", e.why.image, "reason", e.why.reason}
+			if e.why.hint != "" {
+				args = append(args, "hint", e.why.hint)
+			}
+			m.log.Warn("image not shown", args...)
 		}
 		m.noteRefusal(e.why.image, err)
 		return

@@ -113,11 +113,16 @@ func (r *Root) walk() {
 	}
 }
 
-// ImageStatus is what `qcowfs status` shows of one open image.
+// ImageStatus is what `qcowfs status` shows of one open image (a snapshot
+// of an image is one of its own, under the image's path).
 type ImageStatus struct {
-	Image   string      `json:"image"`
-	Handles int         `json:"handles"`
-	Reads   qcow2.Stats `json:"reads"`
+	Image   string `json:"image"`
+	Handles int    `json:"handles"` // open files
+	// ReadRequests and ReadBytes count the reads the mount answered,
+	// since the image was opened.
+	ReadRequests int64       `json:"read-requests"`
+	ReadBytes    int64       `json:"read-bytes"`
+	Reads        qcow2.Stats `json:"reads"` // what the library did for them
 }
 
 // Status is what the mount reports.
@@ -132,7 +137,7 @@ type Status struct {
 // Stats returns the mount's status.
 func (r *Root) Stats() any {
 	m := r.m
-	var st Status
+	st := Status{Images: []ImageStatus{}}
 	st.TableHits, st.TableMisses = m.cfg.Image.Cache.Stats()
 	if m.cfg.Remote != nil {
 		rs := m.cfg.Remote.Stats()
@@ -154,7 +159,8 @@ func (r *Root) Stats() any {
 			continue
 		}
 		oi.lockMu.Lock()
-		is := ImageStatus{Image: oi.path, Handles: oi.handles, Reads: oi.image().Stats()}
+		is := ImageStatus{Image: oi.path, Handles: oi.handles, Reads: oi.image().Stats(),
+			ReadRequests: oi.readRequests.Load(), ReadBytes: oi.readBytes.Load()}
 		oi.lockMu.Unlock()
 		st.Images = append(st.Images, is)
 	}

@@ -9,7 +9,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -406,4 +409,288 @@ func TestKilledDaemonRecovery(t *testing.T) {
 	sameFile(t, filepath.Join(mnt, "vm.raw"), raw)
 	cliWantOK(t, "qcowfs unmount", cliRun(t, "unmount", mnt))
 	cliWaitGone(t, mnt)
+}
+
+// cliOpenImage is one entry of qcowfs status --output=json's open images.
+type cliOpenImage struct {
+	Image        string
+	Handles      int
+	ReadRequests int64 `json:"read-requests"`
+	ReadBytes    int64 `json:"read-bytes"`
+}
+
+// cliStatus is what the tests read of qcowfs status --output=json.
+type cliStatus struct {
+	Refused []struct{ Image, Reason, Hint string }
+	Images  struct {
+		Open []cliOpenImage `json:"open-images"`
+	}
+}
+
+func cliStatusJSON(t testing.TB, mnt string) (cliStatus, string) {
+	t.Helper()
+	r := cliRun(t, "status", "--output=json", mnt)
+	cliWantOK(t, "qcowfs status --output=json", r)
+	var st cliStatus
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("qcowfs status --output=json: %v\n%s", err, r.stdout)
+	}
+	return st, r.stdout
+}
+
+// openEntry returns the open image img of st (its current state, not a
+// snapshot: the test opens no snapshot), or nil.
+func (st cliStatus) openEntry(img string) *cliOpenImage {
+	for i := range st.Images.Open {
+		if st.Images.Open[i].Image == img {
+			return &st.Images.Open[i]
+		}
+	}
+	return nil
+}
+
+// TestStatusCounters: qcowfs status, in both formats, lists the images
+// open in the mount with their open files and the reads the mount
+// answered: after N bytes read through the mount (bytes qemu-img convert
+// agrees with), the bytes counted grow by at least N, and the requests by
+// at least one; once the files are closed, the image is no longer open.
+// The images it refuses are listed with their reason, each named once.
+func TestStatusCounters(t *testing.T) {
+	requireFUSE(t)
+	src := qemu.TempDir(t)
+	// Large enough that the kernel's readahead after the first read
+	// does not reach the second.
+	img := filepath.Join(src, "vm.qcow2")
+	qemu.Create(t, "qcow2", img, "256M")
+	qemu.IO(t, img, "write -P 0x5a 0 1M", "write -P 0xa5 200M 1M")
+	raw := qemu.ToRaw(t, img, filepath.Join(t.TempDir(), "vm.raw"))
+	corrupt := filepath.Join(src, "corrupt.qcow2")
+	qemu.Create(t, "qcow2", corrupt, "1M")
+	cliSetIncompat(t, corrupt, 2)
+	mnt := t.TempDir()
+	cliCleanup(t, mnt)
+	cliWantOK(t, "qcowfs mount", cliRun(t, "mount", "--log-file", filepath.Join(t.TempDir(), "log"), src, mnt))
+
+	st, out := cliStatusJSON(t, mnt)
+	if e := st.openEntry(img); e != nil && e.Handles != 0 {
+		t.Errorf("before any open, status says %s has %d open files:\n%s", img, e.Handles, out)
+	}
+	if len(st.Refused) != 1 || st.Refused[0].Image != corrupt || !strings.Contains(st.Refused[0].Reason, "corrupt bit set") ||
+		strings.Contains(st.Refused[0].Reason, corrupt) || st.Refused[0].Hint != "--allow-corrupt" {
+		t.Errorf("status lists refused %+v; want %s alone, its reason (without its path again) and --allow-corrupt", st.Refused, corrupt)
+	}
+
+	qraw, err := os.Open(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qraw.Close()
+	// readAt reads n bytes at off of f and checks them against qemu's.
+	readAt := func(f *os.File, off, n int64) {
+		t.Helper()
+		buf, want := make([]byte, n), make([]byte, n)
+		if _, err := f.ReadAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := qraw.ReadAt(want, off); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(buf, want) {
+			t.Fatalf("%s at %d: not the bytes qemu-img convert makes", f.Name(), off)
+		}
+	}
+	f1, err := os.Open(filepath.Join(mnt, "vm.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f1.Close()
+	const n1 = 1<<20 + 12345
+	readAt(f1, 0, n1)
+	st, out = cliStatusJSON(t, mnt)
+	e1 := st.openEntry(img)
+	if e1 == nil || e1.Handles != 1 || e1.ReadRequests < 1 || e1.ReadBytes < n1 {
+		t.Fatalf("after reading %d bytes through one open file, status says %+v; want 1 handle, at least one read and %d bytes:\n%s", n1, e1, n1, out)
+	}
+
+	// A second open file, reading what the first did not (the kernel
+	// has not cached it): both counters grow.
+	f2, err := os.Open(filepath.Join(mnt, "vm.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f2.Close()
+	const off2, n2 = 200<<20 - 4096, 512 << 10
+	readAt(f2, off2, n2)
+	st, out = cliStatusJSON(t, mnt)
+	e2 := st.openEntry(img)
+	if e2 == nil || e2.Handles != 2 || e2.ReadRequests <= e1.ReadRequests || e2.ReadBytes < e1.ReadBytes+n2 {
+		t.Fatalf("after %d more bytes through a second open file, status says %+v (before: %+v); want 2 handles, more reads, %d bytes more:\n%s", n2, e2, e1, n2, out)
+	}
+
+	// The human form says the same.
+	r := cliRun(t, "status", mnt)
+	cliWantOK(t, "qcowfs status", r)
+	line := regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(img) + `: (\d+) handles?, (\d+) reads?, (\d+) bytes?$`).FindStringSubmatch(r.stdout)
+	if !strings.Contains(r.stdout, "open:        1 image\n") || line == nil {
+		t.Fatalf("qcowfs status does not list %s as the one open image, with handles, reads and bytes:\n%s", img, r.stdout)
+	}
+	if h, _ := strconv.Atoi(line[1]); h != 2 {
+		t.Errorf("qcowfs status says %s handles, want 2:\n%s", line[1], r.stdout)
+	}
+	if b, _ := strconv.ParseInt(line[3], 10, 64); b < e2.ReadBytes {
+		t.Errorf("qcowfs status says %d bytes, fewer than the %d of the JSON status before it:\n%s", b, e2.ReadBytes, r.stdout)
+	}
+	if !strings.Contains(r.stdout, "  "+corrupt+": corrupt bit set") || strings.Count(r.stdout, corrupt) != 1 {
+		t.Errorf("qcowfs status does not name %s once with its reason:\n%s", corrupt, r.stdout)
+	}
+
+	// Closed: FUSE sends RELEASE after close returns.
+	f1.Close()
+	f2.Close()
+	waitFor(t, "the image to be closed after its files are", 5*time.Second, func() bool {
+		st, _ := cliStatusJSON(t, mnt)
+		return st.openEntry(img) == nil
+	})
+}
+
+// TestDaemonLogFallbackNotRoot: a user other than root, without syslog,
+// gets the log in $XDG_RUNTIME_DIR/qcowfs/MNT.log (without XDG_RUNTIME_DIR,
+// in a folder of its own in $TMPDIR, qcowfs-UID), the control socket
+// beside it (mode 0600; for a deep mount point, named short enough for a
+// unix socket), and qcowfs mount says where in one line; the user reads
+// the disk, asks qcowfs status and unmounts.
+//
+// The mount is a real FUSE mount by fusermount3 as nobody. It is made in
+// a private mount namespace, where a /dev/fuse nobody may open (the same
+// device, mode 0666) is bound over the machine's, and a plain file over
+// /dev/log if there is one (so there is no syslog); the test enters that
+// namespace (the daemon's) with nsenter for what nobody does in the mount.
+func TestDaemonLogFallbackNotRoot(t *testing.T) {
+	requireFUSE(t)
+	for _, tool := range []string{"setpriv", "unshare", "nsenter", "mknod", "fusermount3"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s not installed", tool)
+		}
+	}
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Fatal("no user nobody")
+	}
+	uid, _ := strconv.Atoi(nobody.Uid)
+	d := t.TempDir()
+	for _, p := range []string{d, filepath.Dir(d)} {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(d, "qcowfs")
+	b, err := os.ReadFile(qcowfsBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	src := cliMkdir(t, d, "images")
+	img, raw := cliImage(t, src, "vm")
+	os.Chmod(img, 0o644)
+	want, err := os.ReadFile(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	devDir := cliMkdir(t, d, "dev")
+	mine := func(name string) string {
+		p := cliMkdir(t, d, name)
+		if err := os.Chown(p, uid, -1); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(p, 0o700)
+		return p
+	}
+	const script = `set -e
+mount -t tmpfs -o mode=0755 qcowfs-test "$1"
+mknod -m 0666 "$1/fuse" c 10 229
+mount --bind "$1/fuse" /dev/fuse
+if [ -e /dev/log ]; then : > "$1/log"; mount --bind "$1/log" /dev/log; fi
+shift
+exec "$@"`
+	asNobody := []string{"setpriv", "--reuid=" + nobody.Uid, "--regid=" + nobody.Gid, "--clear-groups"}
+
+	for _, c := range []struct {
+		name string
+		env  func(string) (env, dir string) // the variable, and the folder qcowfs uses
+	}{
+		{"XDG_RUNTIME_DIR", func(p string) (string, string) { return "XDG_RUNTIME_DIR=" + p, filepath.Join(p, "qcowfs") }},
+		{"TMPDIR", func(p string) (string, string) { return "TMPDIR=" + p, filepath.Join(p, "qcowfs-"+nobody.Uid) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			// A deep mount point: the socket's name must be cut to fit
+			// a unix socket's path.
+			mnt := mine("mnt-" + c.name + "-" + strings.Repeat("x", 64))
+			varEnv, dir := c.env(mine("run-" + c.name))
+			env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", varEnv}
+			cliCleanup(t, mnt)
+			logFile := filepath.Join(dir, cliEscape(mnt)+".log")
+
+			cmd := exec.Command("unshare", append(append([]string{"--mount", "--propagation", "private", "sh", "-c", script, "sh", devDir}, asNobody...), bin, "mount", src, mnt)...)
+			cmd.Env = env
+			r := cliRunCmd(t, cmd)
+			cliWantOK(t, "qcowfs mount as nobody", r)
+			if w := "qcowfs: no syslog (/dev/log): the log is in " + logFile + "\n"; r.stderr != w {
+				t.Errorf("qcowfs mount said %q, want %q", r.stderr, w)
+			}
+			daemons := cliDaemons(t, mnt)
+			if len(daemons) != 1 {
+				t.Fatalf("want one daemon, have %v", daemons)
+			}
+			// What nobody runs in the daemon's mount namespace.
+			inMount := func(args ...string) cliResult {
+				t.Helper()
+				cmd := exec.Command("nsenter", append(append([]string{"--mount=/proc/" + strconv.Itoa(daemons[0]) + "/ns/mnt", "--"}, asNobody...), args...)...)
+				cmd.Env = env
+				return cliRunCmd(t, cmd)
+			}
+
+			socks, _ := filepath.Glob(filepath.Join(dir, "*.sock"))
+			if len(socks) != 1 || len(socks[0]) > 107 {
+				t.Fatalf("sockets in %s: %q; want one, its path at most 107 bytes (sun_path)", dir, socks)
+			}
+			sock := socks[0]
+			for _, f := range []struct {
+				path string
+				mode os.FileMode
+			}{{dir, os.ModeDir | 0o700}, {sock, os.ModeSocket | 0o600}} {
+				fi, err := os.Lstat(f.path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st := fi.Sys().(*syscall.Stat_t); fi.Mode()&(os.ModeType|os.ModePerm) != f.mode || int(st.Uid) != uid {
+					t.Errorf("%s: mode %v, owner %d; want %v, owner nobody (%d)", f.path, fi.Mode(), st.Uid, f.mode, uid)
+				}
+			}
+			if fi, err := os.Stat(logFile); err != nil || int(fi.Sys().(*syscall.Stat_t).Uid) != uid || fi.Mode().Perm()&0o077&^0o040 != 0 {
+				t.Errorf("log %s: %v, %v; want nobody's, not for others", logFile, fi, err)
+			}
+			got := inMount("cat", filepath.Join(mnt, "vm.raw"))
+			cliWantOK(t, "cat vm.raw as nobody", got)
+			if got.stdout != string(want) {
+				t.Errorf("vm.raw read by nobody is not what qemu-img convert makes (%d bytes, want %d)", len(got.stdout), len(want))
+			}
+			r = inMount(bin, "status", mnt)
+			cliWantOK(t, "qcowfs status as nobody", r)
+			if !strings.Contains(r.stdout, "log:         "+logFile+"\n") {
+				t.Errorf("qcowfs status does not name the log %s:\n%s", logFile, r.stdout)
+			}
+			cliWantOK(t, "qcowfs unmount as nobody", inMount(bin, "unmount", mnt))
+			cliWaitGone(t, mnt)
+			log, err := os.ReadFile(logFile)
+			if err != nil || !strings.Contains(string(log), "msg=mounted") || !strings.Contains(string(log), "mountpoint="+mnt) ||
+				!strings.Contains(string(log), "msg=unmounted") {
+				t.Errorf("log %s: %v; want the mount and the unmount:\n%s", logFile, err, log)
+			}
+			if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("control socket %s left behind after unmount: %v", sock, err)
+			}
+		})
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -243,4 +244,69 @@ func TestFstabNofail(t *testing.T) {
 	// nofail on mount(8)'s command line.
 	r := run("mount", "-t", "fuse.qcowfs", "-o", "ro,nofail", missing, mnt)
 	cliWantOK(t, "mount -o nofail (missing source)", r)
+}
+
+// TestREADMESystemdUnit: the README's mount unit is named after its Where=
+// as systemd-escape names it, systemd-analyze verify takes it without a
+// word, and the mount systemd makes of it (mount WHAT WHERE -t TYPE -o
+// OPTIONS, with What= and Where= moved to the test's folders) works.
+func TestREADMESystemdUnit(t *testing.T) {
+	for _, tool := range []string{"systemd-analyze", "systemd-escape"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s (package systemd) is required under CI=true", tool)
+			}
+			t.Skipf("%s not installed", tool)
+		}
+	}
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)\n( *)```ini\n(.*?)\n *```\n").FindSubmatch(b)
+	if m == nil {
+		t.Fatal("README.md has no ```ini block (the systemd mount unit)")
+	}
+	var lines []string
+	for _, l := range strings.Split(string(m[2]), "\n") {
+		lines = append(lines, strings.TrimPrefix(l, string(m[1])))
+	}
+	unit := strings.Join(lines, "\n") + "\n"
+	name := strings.TrimPrefix(lines[0], "# /etc/systemd/system/")
+	keys := map[string]string{}
+	for _, l := range lines {
+		if k, v, ok := strings.Cut(l, "="); ok && !strings.HasPrefix(l, "#") {
+			keys[k] = v
+		}
+	}
+	for _, k := range []string{"What", "Where", "Type", "Options"} {
+		if keys[k] == "" {
+			t.Fatalf("the README's unit has no %s=:\n%s", k, unit)
+		}
+	}
+	esc, err := exec.Command("systemd-escape", "--path", "--suffix=mount", keys["Where"]).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := strings.TrimSpace(string(esc)); name != want {
+		t.Errorf("the README's unit is called %q; for Where=%s systemd wants %q", name, keys["Where"], want)
+	}
+	if keys["Type"] != "fuse.qcowfs" {
+		t.Errorf("the README's unit mounts Type=%s, want fuse.qcowfs", keys["Type"])
+	}
+	path := filepath.Join(t.TempDir(), name)
+	cliWrite(t, path, unit)
+	r := cliRunCmd(t, exec.Command("systemd-analyze", "verify", path))
+	if r.code != 0 || r.stdout != "" || r.stderr != "" {
+		t.Errorf("systemd-analyze verify %s: exit %d\n%s%s\nunit:\n%s", name, r.code, r.stdout, r.stderr, unit)
+	}
+
+	// The mount itself, as systemd runs it, with the unit's options.
+	shared, run := cliHelperNamespace(t)
+	src := t.TempDir()
+	_, raw := cliImage(t, src, "vm")
+	mnt := cliMkdir(t, shared, "mnt")
+	cliCleanup(t, mnt)
+	cliWantOK(t, "mount with the unit's options", run("mount", src, mnt, "-t", keys["Type"], "-o", keys["Options"]))
+	cliCheckHelperMount(t, mnt, src, raw)
 }

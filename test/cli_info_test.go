@@ -216,3 +216,79 @@ func TestInfoErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestFormatFlag: -f qcow2 and -f raw (also as --format=, --format and
+// -fFMT) are taken by info, map and check as qemu-img takes them, on
+// qcow2 images (one with a backing file), a raw disk and a text file:
+// same stdout, same exit status. Where the format does not fit the file
+// (-f qcow2 on a raw file), both fail with status 1 and a message naming
+// the file and the format; -f raw on a qcow2 image shows its bytes as a
+// raw disk, as qemu-img does. A format qcowfs does not read fails like
+// qemu-img's unknown or mismatching driver, naming the format.
+func TestFormatFlag(t *testing.T) {
+	qemu.Require(t, "qemu-img", "qemu-io")
+	dir := qemu.TempDir(t)
+	base := filepath.Join(dir, "base.qcow2")
+	qemu.Create(t, "qcow2", base, "2M")
+	qemu.IO(t, base, "write -P 0x5a 64k 64k")
+	top := filepath.Join(dir, "top.qcow2")
+	qemu.Create(t, "qcow2", top, "2M", "-b", "base.qcow2", "-F", "qcow2")
+	qemu.IO(t, top, "write -P 0xa5 1M 4k")
+	disk := filepath.Join(dir, "disk.raw")
+	qemu.Img(t, "convert", "-O", "raw", top, disk)
+	text := cliWrite(t, filepath.Join(dir, "notes.txt"), strings.Repeat("not an image\n", 50))
+
+	mismatch := map[string]bool{disk: true, text: true} // for -f qcow2
+	newQemu := cliQemuMajor(t) >= 8
+	for _, img := range []string{base, top, disk, text} {
+		for _, format := range []string{"qcow2", "raw"} {
+			flags := [][]string{{"-f", format}}
+			if img == top || img == disk {
+				// The other spellings getopt allows.
+				flags = append(flags, []string{"--format=" + format}, []string{"--format", format}, []string{"-f" + format})
+			}
+			for _, flag := range flags {
+				for _, cmd := range []string{"info", "map", "check"} {
+					for _, out := range []string{"human", "json"} {
+						args := append(append([]string{cmd}, flag...), "--output="+out, filepath.Base(img))
+						if cmd == "info" && newQemu {
+							continue // the protocol node: see TestQemuImgDiff
+						}
+						what := strings.Join(args, " ")
+						q, us := cliBoth(t, dir, args...)
+						if q.code != us.code {
+							t.Errorf("%s: qcowfs exits %d, qemu-img %d\nqemu-img: %s\nqcowfs: %s", what, us.code, q.code, q.stderr, us.stderr)
+							continue
+						}
+						if d := cliDiff(q.stdout, us.stdout); d != "" {
+							t.Errorf("%s: qcowfs prints something else than qemu-img, from %s", what, d)
+						}
+						if (q.stderr == "") != (us.stderr == "") {
+							t.Errorf("%s: stderr: qemu-img %q, qcowfs %q", what, q.stderr, us.stderr)
+						}
+						if format == "qcow2" && mismatch[img] {
+							if q.code != 1 {
+								t.Errorf("%s: qemu-img exits %d; the test expects qemu-img to refuse a raw file as qcow2", what, q.code)
+							}
+							cliWantError(t, "qcowfs "+what, us, filepath.Base(img), "qcow2")
+						}
+					}
+				}
+			}
+		}
+	}
+	for _, format := range []string{"vmdk", "nosuch", "QCOW2"} {
+		for _, cmd := range []string{"info", "map", "check"} {
+			args := []string{cmd, "-f", format, filepath.Base(base)}
+			q, us := cliBoth(t, dir, args...)
+			what := strings.Join(args, " ")
+			if q.code != 1 || q.stderr == "" {
+				t.Errorf("%s: qemu-img exits %d (%q); the test expects it to fail", what, q.code, q.stderr)
+			}
+			if us.code != q.code {
+				t.Errorf("%s: qcowfs exits %d, qemu-img %d", what, us.code, q.code)
+			}
+			cliWantError(t, "qcowfs "+what, us, filepath.Base(base), `"`+format+`"`)
+		}
+	}
+}

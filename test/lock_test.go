@@ -168,3 +168,137 @@ func TestListingNeverBlocksQemu(t *testing.T) {
 		t.Fatal("the listing loop never completed a listing")
 	}
 }
+
+// refusalLines returns the log lines that say image is not shown.
+func refusalLines(log, image string) []string {
+	var out []string
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, `msg="image not shown`) && strings.Contains(line, "image="+image+" ") {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// TestRefusalLog: an image the mount does not show is logged at WARN (not
+// ERROR: the mount works, one image is left out), in one line that names
+// the image once, as image=PATH, with the reason and the flag that would
+// show it (no empty hint= where no flag would); listing the folder again does not log it again, but a change
+// does: the lock let go and taken again, or the image replaced by another
+// one that is refused too.
+func TestRefusalLog(t *testing.T) {
+	requireFUSE(t)
+	src := qemu.TempDir(t)
+	busy := filepath.Join(src, "busy.qcow2")
+	qemu.Create(t, "qcow2", busy, "4M")
+	bad := filepath.Join(src, "bad.qcow2")
+	qemu.Create(t, "qcow2", bad, "1M")
+	cliSetIncompat(t, bad, 2)
+	orphan := filepath.Join(src, "orphan.qcow2")
+	qemu.Img(t, "create", "-q", "-u", "-f", "qcow2", "-b", "gone.qcow2", "-F", "qcow2", orphan, "1M")
+	release := holdOpen(t, busy)
+
+	m := mountImages(t, src)
+	list := func(want []string) {
+		t.Helper()
+		for i := 0; i < 3; i++ {
+			if got := names(t, m.Dir); !slices.Equal(got, want) {
+				t.Fatalf("lists %q, want %q", got, want)
+			}
+		}
+	}
+	check := func(image string, n int, hint, reason string) {
+		t.Helper()
+		log := m.logText(t)
+		lines := refusalLines(log, image)
+		if len(lines) != n {
+			t.Fatalf("%d log lines say %s is not shown, want %d:\n%s", len(lines), image, n, log)
+		}
+		for _, l := range lines {
+			if !strings.Contains(l, " level=WARN ") || strings.Count(l, image) != 1 || !strings.Contains(l, reason) {
+				t.Errorf("log line %q: want level=WARN, %s named once and the reason (%q)", l, image, reason)
+			}
+			if hint == "" {
+				if strings.Contains(l, "hint=") {
+					t.Errorf("log line %q: an empty hint", l)
+				}
+			} else if !strings.Contains(l, " hint="+hint) {
+				t.Errorf("log line %q: want hint=%s", l, hint)
+			}
+		}
+		if strings.Contains(log, "level=ERROR") {
+			t.Errorf("an image not shown is logged as an error:\n%s", log)
+		}
+	}
+	list([]string{})
+	check(busy, 1, "--force-share", `\"write\" lock (byte 101)`)
+	check(bad, 1, "--allow-corrupt", "corrupt bit set")
+	check(orphan, 1, "", "gone.qcow2") // no flag shows it
+
+	// qemu lets go: shown; qemu opens it again (and writes, as a VM
+	// does): hidden, and logged again, once.
+	release()
+	list([]string{"busy.raw"})
+	qemu.IO(t, busy, "write -P 0x33 0 4k")
+	holdOpen(t, busy)
+	list([]string{})
+	check(busy, 2, "--force-share", `\"write\" lock (byte 101)`)
+
+	// The corrupt image replaced by another corrupt one: a new file,
+	// logged again.
+	other := filepath.Join(qemu.TempDir(t), "bad.qcow2")
+	qemu.Create(t, "qcow2", other, "2M")
+	cliSetIncompat(t, other, 2)
+	if err := os.Rename(other, bad); err != nil {
+		t.Fatal(err)
+	}
+	list([]string{})
+	check(bad, 2, "--allow-corrupt", "corrupt bit set")
+	check(busy, 2, "--force-share", `\"write\" lock (byte 101)`)
+}
+
+// TestLockSnapshotAndPartitionFiles: a snapshot file (STEM@NAME.raw) and a
+// partition file (STEM.raw.parts/pN) hold the image's reader locks while
+// open, as its raw file does: qemu cannot open the image for writing
+// (qemu's own lock error) but can read it; after the last close, qemu
+// writes it again.
+func TestLockSnapshotAndPartitionFiles(t *testing.T) {
+	requireFUSE(t)
+	qemu.Require(t, "sfdisk")
+	work := t.TempDir()
+	disk := filepath.Join(work, "disk.img")
+	qemu.Run(t, "truncate", "-s", "8M", disk)
+	sfdisk := exec.Command("sfdisk", "-q", disk)
+	sfdisk.Stdin = strings.NewReader("label: dos\n,4MiB,83\n")
+	if out, err := sfdisk.CombinedOutput(); err != nil {
+		t.Fatalf("sfdisk: %v %s", err, out)
+	}
+	src := qemu.TempDir(t)
+	img := filepath.Join(src, "vm.qcow2")
+	qemu.Img(t, "convert", "-O", "qcow2", disk, img)
+	qemu.Img(t, "snapshot", "-c", "before", img)
+
+	m := mountImages(t, src)
+	for _, name := range []string{"vm@before.raw", filepath.Join("vm.raw.parts", "p1")} {
+		t.Run(filepath.Base(name), func(t *testing.T) {
+			// Written while closed, after the partition table (the
+			// write also makes a new version of the image).
+			qemu.IO(t, img, "write -P 0x44 6M 4k")
+			f, err := os.Open(filepath.Join(m.Dir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := exec.Command("qemu-io", "-f", "qcow2", "-c", "write 6M 4k", img).CombinedOutput()
+			if err == nil || !strings.Contains(string(out), `Failed to get "write" lock`) {
+				t.Errorf("qemu-io writing the image while %s is open: %v, %s; want qemu's write lock error", name, err, out)
+			}
+			if out, err := exec.Command("qemu-img", "info", img).CombinedOutput(); err != nil {
+				t.Errorf("qemu-img info (a reader) while %s is open: %v, %s", name, err, out)
+			}
+			f.Close()
+			waitFor(t, "the image's locks to be dropped after "+name+" is closed", 5*time.Second, func() bool {
+				return exec.Command("qemu-io", "-f", "qcow2", "-c", "write 6M 4k", img).Run() == nil
+			})
+		})
+	}
+}

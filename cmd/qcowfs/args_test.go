@@ -149,3 +149,22 @@ func TestRuntimeNameSystemd(t *testing.T) {
 		}
 	}
 }
+
+// TestControlPath: the control socket is named after the mount point;
+// for a mount point too deep for a unix socket's path (sun_path), the
+// name is cut and a hash keeps it apart from its neighbours.
+func TestControlPath(t *testing.T) {
+	if got, want := controlPath("/srv/vms"), filepath.Join(runtimeDir(), "srv-vms.sock"); got != want {
+		t.Errorf("controlPath(/srv/vms) = %q, want %q", got, want)
+	}
+	deep := "/srv/" + strings.Repeat("images-of-the-lab/", 8)
+	a, b := controlPath(deep+"a"), controlPath(deep+"b")
+	for _, p := range []string{a, b} {
+		if len(p) > maxSocketPath || filepath.Dir(p) != runtimeDir() || !strings.HasPrefix(filepath.Base(p), "srv-images") || !strings.HasSuffix(p, ".sock") {
+			t.Errorf("controlPath of a deep mount point = %q (%d bytes); want at most %d, in %s, starting like the mount point", p, len(p), maxSocketPath, runtimeDir())
+		}
+	}
+	if a == b || a != controlPath(deep+"a/") {
+		t.Errorf("deep mount points: %q and %q; want distinct names, the same for the same mount point", a, b)
+	}
+}

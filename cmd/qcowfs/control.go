@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"net"
 	"os"
@@ -20,10 +21,28 @@ import (
 // which the daemon answers "status\n" with one line of JSON. Only the
 // daemon's own user and root are answered (SO_PEERCRED).
 
-// controlPath is where the daemon serving mountpoint listens.
+// controlPath is where the daemon serving mountpoint listens. A unix
+// socket's path is at most maxSocketPath bytes (sun_path, unix(7)): for a
+// deep mount point the name is cut, and a hash of the whole mount point
+// keeps it its own (srv-some-long-pa~0123456789abcdef.sock).
 func controlPath(mountpoint string) string {
-	return filepath.Join(runtimeDir(), runtimeName(mountpoint, ".sock"))
+	dir, name := runtimeDir(), runtimeName(mountpoint, "")
+	const suffix, hashLen = ".sock", 1 + 16
+	if p := filepath.Join(dir, name+suffix); len(p) <= maxSocketPath {
+		return p
+	}
+	keep := maxSocketPath - len(dir) - 1 - hashLen - len(suffix)
+	if keep < 0 {
+		keep = 0 // the folder alone is too long: listen says so
+	}
+	h := fnv.New64a()
+	h.Write([]byte(filepath.Clean(mountpoint)))
+	return filepath.Join(dir, fmt.Sprintf("%s~%016x%s", name[:min(keep, len(name))], h.Sum64(), suffix))
 }
+
+// maxSocketPath is the longest path a unix socket can have: sun_path's
+// 108 bytes with the terminating NUL.
+const maxSocketPath = 107
 
 // startControl serves status() on the mount's control socket until the
 // returned function is called.

@@ -7,8 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
+	"github.com/qcowfs/qcowfs/fs"
 	"github.com/qcowfs/qcowfs/internal/mountinfo"
 )
 
@@ -28,8 +30,7 @@ $XDG_RUNTIME_DIR/qcowfs/MNT.sock otherwise (MNT is the mount point escaped
 as systemd-escape --path does), for its own user and root only.`
 }
 
-// mountStatus is what the daemon answers. Images will carry the tree's
-// per-image counters.
+// mountStatus is what the daemon answers.
 type mountStatus struct {
 	Source     string    `json:"source"`
 	Mountpoint string    `json:"mountpoint"`
@@ -37,8 +38,8 @@ type mountStatus struct {
 	Started    time.Time `json:"started"`
 	Log        string    `json:"log"`
 	Refused    []refusal `json:"refused"`
-	// TODO(fs): per-image requests, bytes and cache hit rates, from a
-	// Stats() any of the tree.
+	// Images is the tree's counters (fs.Status: the open images with
+	// their handles and reads, the table cache, the remote client).
 	Images any `json:"images,omitempty"`
 }
 
@@ -57,13 +58,15 @@ type mountFacts struct {
 }
 
 // status builds the answer: the facts, the refused images, and stats (the
-// tree's counters, nil for now).
+// tree's counters).
 func (f mountFacts) status(refused refusalLister, stats func() any) mountStatus {
 	s := mountStatus{Source: f.Source, Mountpoint: f.Mountpoint, PID: f.PID, Started: f.Started, Log: f.Log, Refused: []refusal{}}
 	if refused != nil {
 		m := refused.Refused()
 		for p, err := range m {
-			s.Refused = append(s.Refused, refusal{Image: p, Reason: err.Error(), Hint: refusalHint(err)})
+			// The image is named once, as in the log line.
+			reason := strings.TrimPrefix(err.Error(), p+": ")
+			s.Refused = append(s.Refused, refusal{Image: p, Reason: reason, Hint: refusalHint(err)})
 		}
 		sort.Slice(s.Refused, func(i, j int) bool { return s.Refused[i].Image < s.Refused[j].Image })
 	}
@@ -104,25 +107,45 @@ func (c *statusCmd) Run() error {
 		return nil
 	}
 	var s mountStatus
+	var counters struct {
+		Images *fs.Status `json:"images"`
+	}
 	if err := json.Unmarshal(answer, &s); err != nil {
 		return fmt.Errorf("%s: the daemon's answer is not JSON: %w", c.Mountpoint, err)
+	}
+	if err := json.Unmarshal(answer, &counters); err != nil {
+		return fmt.Errorf("%s: the daemon's answer has no counters qcowfs knows: %w", c.Mountpoint, err)
 	}
 	w := os.Stdout
 	fmt.Fprintf(w, "source:      %s\n", s.Source)
 	fmt.Fprintf(w, "mount point: %s\n", s.Mountpoint)
 	fmt.Fprintf(w, "daemon:      pid %d, up since %s (%s)\n", s.PID, s.Started.Local().Format("2006-01-02 15:04:05"), time.Since(s.Started).Round(time.Second))
 	fmt.Fprintf(w, "log:         %s\n", s.Log)
-	plural := "s"
-	if len(s.Refused) == 1 {
-		plural = ""
-	}
-	fmt.Fprintf(w, "not shown:   %d image%s\n", len(s.Refused), plural)
+	fmt.Fprintf(w, "not shown:   %s\n", plural(len(s.Refused), "image"))
 	for _, r := range s.Refused {
 		line := "  " + r.Reason
+		if !strings.Contains(r.Reason, r.Image) {
+			line = "  " + r.Image + ": " + r.Reason
+		}
 		if r.Hint != "" {
 			line += " (" + r.Hint + ")"
 		}
 		fmt.Fprintln(w, line)
 	}
+	if st := counters.Images; st != nil {
+		fmt.Fprintf(w, "open:        %s\n", plural(len(st.Images), "image"))
+		for _, im := range st.Images {
+			fmt.Fprintf(w, "  %s: %s, %s, %s\n", im.Image, plural(im.Handles, "handle"),
+				plural(int(im.ReadRequests), "read"), plural(int(im.ReadBytes), "byte"))
+		}
+	}
 	return nil
+}
+
+// plural says "1 image", "2 images".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
