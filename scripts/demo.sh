@@ -10,6 +10,7 @@ mnt=$work/mnt
 mkdir -p "$mnt"
 cleanup() {
   if mountpoint -q "$mnt"; then "$bin" unmount "$mnt" || umount -l "$mnt"; fi
+  if [ -n "${omnt:-}" ] && mountpoint -q "$omnt"; then "$bin" unmount "$omnt" || umount -l "$omnt"; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -69,3 +70,17 @@ run cat "$work/qcowfs.log"
 
 say "Unmounting"
 run "$bin" unmount "$mnt"
+
+say "Writing without touching the original: an overlay"
+omnt=$work/omnt
+mkdir -p "$omnt"
+before=$(sha256sum "$src" | cut -d' ' -f1)
+run "$bin" mount --writable --overlay "$work/overlays" --log-file "$work/qcowfs-overlay.log" "$images" "$omnt"
+orel=${raw#"$mnt"/}
+run dd if=/dev/urandom of="$omnt/$orel" bs=64k count=16 seek=100 conv=notrunc,fsync status=none
+run "$bin" unmount "$omnt"
+after=$(sha256sum "$src" | cut -d' ' -f1)
+[ "$before" = "$after" ] && echo "the original is unchanged (sha256 $after)"
+overlay=$work/overlays/${src#"$images"/}
+run qemu-img info "$overlay"
+run qemu-img check "$overlay"
