@@ -1,4 +1,4 @@
-// Package qcow2 reads QEMU qcow2 disk images.
+// Package qcow2 reads and writes QEMU qcow2 disk images.
 //
 // It owns everything about the on-disk format and nothing about how the
 // image is served: there is no FUSE in this package. An opened [Image] is an
@@ -6,7 +6,9 @@
 // [Image.Extent] for block status, [Image.NextData] and [Image.NextHole]
 // for lseek, and [Image.Close]. [Open] opens a local file; [NewImage] opens
 // any [HostFile] (a remote object, a buffer), with backing and data files
-// opened through an injected [Opener].
+// opened through an injected [Opener]. Opened with [Options].Writable, it
+// also takes [Image.WriteAt], [Image.WriteZeroes], [Image.Discard],
+// [Image.Resize] and [Image.Flush].
 //
 // The format is specified in qemu's docs/interop/qcow2.rst; names in this
 // package (L1, L2, refcount, cluster, subcluster, ...) follow it, and so do
@@ -52,6 +54,20 @@
 //     raw files.
 //   - create.go: new images (Create; Prepare and Publish, its two halves),
 //     laid out as qemu-img create lays them out.
+//
+// The write path (only the top image of a chain is written):
+//
+//   - writable.go: opening an image for writing, the writer's state, why
+//     an image opens read-only.
+//   - write.go: WriteAt, Discard, WriteZeroes, Resize, in runs of guest
+//     clusters.
+//   - writemap.go: the write side of the cluster mapping: planning what a
+//     guest range needs, owning L2 tables, linking new clusters.
+//   - cow.go: copy-on-write of the parts of a cluster a write leaves.
+//   - alloc.go: the allocator: free clusters, refcounts, refcount blocks
+//     and table growth, the file grown ahead.
+//   - flush.go: dirty metadata, its ordered write-back, freed clusters.
+//   - pins.go: when a freed cluster may be reused (epoch pins).
 //
 // Hostile input: every offset and length read from a file is checked
 // before it is added to anything; every structure is within qemu's limits
