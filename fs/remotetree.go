@@ -511,7 +511,8 @@ func (t *remoteTree) isQcow2(rel string) bool {
 	return is
 }
 
-// plain files are not shown (there is no descriptor to serve them from).
+// showsPlain is false: plain files are not shown (there is no descriptor
+// to serve them from).
 func (t *remoteTree) showsPlain() bool { return false }
 
 func (t *remoteTree) openImage(rel string, write bool) (qcow2.HostFile, syscall.Stat_t, error) {

@@ -573,7 +573,7 @@ func (w *writer) growDataFile() error {
 	return nil
 }
 
-// closeWriter writes everything back and leaves a clean image: dirty
+// close writes everything back and leaves a clean image: dirty
 // metadata flushed, freed clusters' refcounts dropped and flushed too, the
 // file's growth ahead given back.
 func (w *writer) close() error {

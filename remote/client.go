@@ -182,7 +182,7 @@ func (c *Client) backend(ctx context.Context, u *url.URL) (backend, error) {
 	return nil, fmt.Errorf("%w: scheme %q", ErrBadURL, u.Scheme)
 }
 
-// release drops o's hold on its cache id; the last Object of a version
+// forget drops o's hold on its cache id; the last Object of a version
 // frees its chunks for reuse.
 func (c *Client) forget(o *Object) {
 	c.mu.Lock()

@@ -19,10 +19,12 @@ import (
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
-// applyThrough applies op to the raw file f of a writable mount, the way
-// programs do: pwrite, fallocate (punch, zero range), ftruncate, fsync.
+// logMount, when set, is the mount whose log applyThrough shows when an
+// operation fails.
 var logMount *mount
 
+// applyThrough applies op to the raw file f of a writable mount, the way
+// programs do: pwrite, fallocate (punch, zero range), ftruncate, fsync.
 func applyThrough(t *testing.T, f *os.File, op qemu.Op) {
 	t.Helper()
 	fd := int(f.Fd())

@@ -213,7 +213,7 @@ func (b *bench) dropCachesIfAllowed() error {
 	return nil
 }
 
-// fio's 4 KiB random read: psync, 4 jobs, O_DIRECT, for a fixed time.
+// fioArgs are the arguments of fio's 4 KiB random read: psync, 4 jobs, O_DIRECT, for a fixed time.
 func (b *bench) fioArgs(file string) []string {
 	return []string{"--name=randread", "--filename=" + file, "--readonly", "--rw=randread", "--bs=4k",
 		"--ioengine=psync", "--direct=1", "--numjobs=4", "--group_reporting", "--time_based",
