@@ -1,9 +1,6 @@
 package qcow2
 
-import (
-	"fmt"
-	"sync/atomic"
-)
+import "sync/atomic"
 
 // The memory budget: every structure whose size an image file decides (L1
 // tables, the snapshot table, the refcount table, the metadata map, and
@@ -84,20 +81,3 @@ func (c *charge) close() {
 		c.sub(c.held.Swap(0))
 	}
 }
-
-// A BudgetError reports a structure that does not fit in the memory budget.
-// It wraps ErrBudget.
-type BudgetError struct {
-	File  string
-	What  string // the structure
-	Need  int64  // bytes it needs
-	Held  int64  // bytes the file holds already
-	Limit int64  // the budget's size
-}
-
-func (e *BudgetError) Error() string {
-	return fmt.Sprintf("%s: %s needs %d bytes of memory, more than the budget of %d bytes allows (this image holds %d already)",
-		e.File, e.What, e.Need, e.Limit, e.Held)
-}
-
-func (e *BudgetError) Unwrap() error { return ErrBudget }

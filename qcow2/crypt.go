@@ -3,7 +3,6 @@ package qcow2
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -56,10 +55,6 @@ const (
 	luksSlotInactive = 0x0000DEAD
 	luksSectorSize   = 512
 )
-
-// ErrNotEncrypted is returned by DescribeEncrypted for an image that is
-// not encrypted: open it with Open.
-var ErrNotEncrypted = errors.New("not encrypted")
 
 // hideCrypt reads a file with its crypt_method field (bytes 32-35) read as
 // zero, so that the header parser validates everything else.

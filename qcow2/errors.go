@@ -33,6 +33,20 @@ var (
 	// ErrBudget means a structure of the image does not fit in the memory
 	// budget (Options.Budget). Every *BudgetError wraps it.
 	ErrBudget = errors.New("over the memory budget")
+	// ErrWalkBudget is wrapped by the error of a walk that ran out of work
+	// before it could answer.
+	ErrWalkBudget = errors.New("the walk ran out of its work budget")
+	// ErrNotEncrypted is returned by DescribeEncrypted for an image that is
+	// not encrypted: open it with Open.
+	ErrNotEncrypted = errors.New("not encrypted")
+	// ErrReadOnly is wrapped by the error of a write to an image that is not
+	// open for writing, or stopped being writable.
+	ErrReadOnly = errors.New("image is read-only")
+	// ErrNoSpace is returned for writes past the end of the virtual disk.
+	ErrNoSpace = errors.New("write past the end of the disk")
+	// ErrOverlap is wrapped by the error of a write refused because it would
+	// have landed on the image's metadata.
+	ErrOverlap = errors.New("write would overwrite metadata")
 )
 
 // A FormatError reports a malformed field: which file, which field (named as
@@ -82,3 +96,45 @@ func (e *RefusedError) Error() string {
 }
 
 func (e *RefusedError) Unwrap() error { return ErrRefused }
+
+// A LockError says which lock of which file another process holds.
+type LockError struct {
+	File string
+	Perm string // the permission: "write", "consistent read", ...
+	Byte int64  // the locked byte
+}
+
+func (e *LockError) Error() string {
+	if e.Byte >= lockSharedBase {
+		return fmt.Sprintf("%s: another process (qemu?) does not share %q access (it locks byte %d): not served while it has the image open; force with --force-share", e.File, e.Perm, e.Byte)
+	}
+	return fmt.Sprintf("%s: in use by another process (qemu?) holding the %q lock (byte %d): not served while it has the image open for writing; force with --force-share", e.File, e.Perm, e.Byte)
+}
+
+func (e *LockError) Unwrap() error { return ErrLocked }
+
+// A BudgetError reports a structure that does not fit in the memory budget.
+// It wraps ErrBudget.
+type BudgetError struct {
+	File  string
+	What  string // the structure
+	Need  int64  // bytes it needs
+	Held  int64  // bytes the file holds already
+	Limit int64  // the budget's size
+}
+
+func (e *BudgetError) Error() string {
+	return fmt.Sprintf("%s: %s needs %d bytes of memory, more than the budget of %d bytes allows (this image holds %d already)",
+		e.File, e.What, e.Need, e.Limit, e.Held)
+}
+
+func (e *BudgetError) Unwrap() error { return ErrBudget }
+
+// A ReadOnlyError says why an image opened for writing is read-only.
+type ReadOnlyError struct {
+	File   string
+	Reason string
+}
+
+func (e *ReadOnlyError) Error() string { return fmt.Sprintf("%s: read-only: %s", e.File, e.Reason) }
+func (e *ReadOnlyError) Unwrap() error { return ErrReadOnly }

@@ -1,9 +1,6 @@
 package qcow2
 
-import (
-	"errors"
-	"fmt"
-)
+import "fmt"
 
 // Dirty metadata and its ordered write-back (crosvm's sync_caches, qemu's
 // qcow2_cache_flush with its dependencies), and what happens to freed
@@ -334,10 +331,6 @@ func (w *writer) writeData(b []byte, off int64) error {
 	}
 	return nil
 }
-
-// ErrOverlap is wrapped by the error of a write refused because it would
-// have landed on the image's metadata.
-var ErrOverlap = errors.New("write would overwrite metadata")
 
 // checkOverlap fails, marks the image corrupt (as qemu does) and stops all
 // writes if [off, off+n) of the image file holds metadata of a kind other

@@ -55,10 +55,6 @@ const (
 	CountWork = 64 << 20
 )
 
-// ErrWalkBudget is wrapped by the error of a walk that ran out of work
-// before it could answer.
-var ErrWalkBudget = errors.New("the walk ran out of its work budget")
-
 // dataRun is a range of guest bytes that holds data: [start, end).
 type dataRun struct{ start, end int64 }
 

@@ -30,22 +30,6 @@ const (
 
 var permNames = [...]string{"consistent read", "write", "write unchanged", "resize"}
 
-// A LockError says which lock of which file another process holds.
-type LockError struct {
-	File string
-	Perm string // the permission: "write", "consistent read", ...
-	Byte int64  // the locked byte
-}
-
-func (e *LockError) Error() string {
-	if e.Byte >= lockSharedBase {
-		return fmt.Sprintf("%s: another process (qemu?) does not share %q access (it locks byte %d): not served while it has the image open; force with --force-share", e.File, e.Perm, e.Byte)
-	}
-	return fmt.Sprintf("%s: in use by another process (qemu?) holding the %q lock (byte %d): not served while it has the image open for writing; force with --force-share", e.File, e.Perm, e.Byte)
-}
-
-func (e *LockError) Unwrap() error { return ErrLocked }
-
 // Lock takes the locks of a read-only qemu reader on every file of the
 // chain: consistent read (byte 100) and, unless share is set, "does not
 // share write" (byte 201), after checking that no other process writes the

@@ -1,7 +1,6 @@
 package qcow2
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -22,22 +21,6 @@ import (
 //   - write.go: WriteAt, Discard, WriteZeroes, Resize.
 //   - flush.go: dirty metadata and its ordered write-back, frees.
 //   - pins.go: when a freed cluster may be reused.
-
-// ErrReadOnly is wrapped by the error of a write to an image that is not
-// open for writing, or stopped being writable.
-var ErrReadOnly = errors.New("image is read-only")
-
-// ErrNoSpace is returned for writes past the end of the virtual disk.
-var ErrNoSpace = errors.New("write past the end of the disk")
-
-// A ReadOnlyError says why an image opened for writing is read-only.
-type ReadOnlyError struct {
-	File   string
-	Reason string
-}
-
-func (e *ReadOnlyError) Error() string { return fmt.Sprintf("%s: read-only: %s", e.File, e.Reason) }
-func (e *ReadOnlyError) Unwrap() error { return ErrReadOnly }
 
 // writer is the write side of an image opened for writing.
 //
