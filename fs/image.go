@@ -295,8 +295,6 @@ func (m *mount) diskSize(d diskID, listed int64) int64 {
 
 func roundUp(n, to int64) int64 { return (n + to - 1) / to * to }
 
-var _ = (gofs.FileLseeker)((*imageHandle)(nil))
-
 var _ = (gofs.FileReleaser)((*imageHandle)(nil))
 
 // Release gives the handle's use of the image back.
