@@ -258,7 +258,7 @@ func TestMountReportsRefused(t *testing.T) {
 	corrupt := filepath.Join(src, "sub", "corrupt.qcow2")
 	cliMkdir(t, src, "sub")
 	qemu.Create(t, "qcow2", corrupt, "1M")
-	cliSetIncompat(t, corrupt, 2)
+	qemu.SetIncompatible(t, corrupt, 2)
 	locked, _ := cliImage(t, src, "locked")
 	holdOpen(t, locked)
 	want := map[string]string{over: "--allow-backing-outside=" + outside, corrupt: "--allow-corrupt", locked: "--force-share"}
@@ -466,7 +466,7 @@ func TestStatusCounters(t *testing.T) {
 	raw := qemu.ToRaw(t, img, filepath.Join(t.TempDir(), "vm.raw"))
 	corrupt := filepath.Join(src, "corrupt.qcow2")
 	qemu.Create(t, "qcow2", corrupt, "1M")
-	cliSetIncompat(t, corrupt, 2)
+	qemu.SetIncompatible(t, corrupt, 2)
 	mnt := t.TempDir()
 	cliCleanup(t, mnt)
 	cliWantOK(t, "qcowfs mount", cliRun(t, "mount", "--log-file", filepath.Join(t.TempDir(), "log"), src, mnt))

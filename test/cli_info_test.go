@@ -80,12 +80,12 @@ func TestQemuImgDiff(t *testing.T) {
 	dirty := filepath.Join(dir, "dirty.qcow2")
 	qemu.Create(t, "qcow2", dirty, "1M", "-o", "lazy_refcounts=on")
 	qemu.IO(t, dirty, "write -P 0x12 0 4k")
-	cliSetIncompat(t, dirty, 1)
+	qemu.SetIncompatible(t, dirty, 1)
 	add("dirty", dirty)
 	corrupt := filepath.Join(dir, "corrupt.qcow2")
 	qemu.Create(t, "qcow2", corrupt, "1M")
 	qemu.IO(t, corrupt, "write -P 0x12 0 4k")
-	cliSetIncompat(t, corrupt, 2)
+	qemu.SetIncompatible(t, corrupt, 2)
 	add("corrupt", corrupt)
 	bitmaps := filepath.Join(dir, "bitmaps.qcow2")
 	qemu.Create(t, "qcow2", bitmaps, "4M")
@@ -159,26 +159,6 @@ func TestQemuImgDiff(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// cliSetIncompat sets bits of a qcow2 header's incompatible features
-// (bytes 72-79, big-endian): 1 is dirty, 2 is corrupt. qemu-img info then
-// says what it makes of the result.
-func cliSetIncompat(t *testing.T, path string, bits byte) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var b [1]byte
-	if _, err := f.ReadAt(b[:], 79); err != nil {
-		t.Fatal(err)
-	}
-	b[0] |= bits
-	if _, err := f.WriteAt(b[:], 79); err != nil {
-		t.Fatal(err)
 	}
 }
 

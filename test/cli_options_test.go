@@ -119,7 +119,7 @@ func TestMountSingleImageRefused(t *testing.T) {
 	over, raw := cliChainOutside(t, src, outside)
 	corrupt := filepath.Join(src, "corrupt.qcow2")
 	qemu.Create(t, "qcow2", corrupt, "1M")
-	cliSetIncompat(t, corrupt, 2)
+	qemu.SetIncompatible(t, corrupt, 2)
 	locked, _ := cliImage(t, src, "locked")
 	holdOpen(t, locked)
 	for _, c := range []struct {

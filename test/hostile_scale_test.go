@@ -34,14 +34,15 @@ func forgeSnapshots(t *testing.T, image string, n int) {
 	be := binary.BigEndian
 	for i := 1; i <= n; i++ {
 		id, name := fmt.Sprint(i), fmt.Sprintf("s-%d", i)
-		e := make([]byte, 40+24)
-		be.PutUint64(e[0:], l1)
-		be.PutUint32(e[8:], uint32(l1Size))
-		be.PutUint16(e[12:], uint16(len(id)))
-		be.PutUint16(e[14:], uint16(len(name)))
-		be.PutUint32(e[16:], 1700000000)
-		be.PutUint32(e[36:], 24)
-		be.PutUint64(e[48:], size) // disk_size
+		const extra = 24 // vm_state_size_large, disk_size, icount
+		e := make([]byte, qemu.SnapshotFixedSize+extra)
+		be.PutUint64(e[qemu.SnapshotL1TableOffset:], l1)
+		be.PutUint32(e[qemu.SnapshotL1Size:], uint32(l1Size))
+		be.PutUint16(e[qemu.SnapshotIDSize:], uint16(len(id)))
+		be.PutUint16(e[qemu.SnapshotNameSize:], uint16(len(name)))
+		be.PutUint32(e[qemu.SnapshotDateSec:], 1700000000)
+		be.PutUint32(e[qemu.SnapshotExtraDataSize:], extra)
+		be.PutUint64(e[qemu.SnapshotDiskSize:], size)
 		b.Write(e)
 		b.WriteString(id)
 		b.WriteString(name)

@@ -193,7 +193,7 @@ func TestRefusalLog(t *testing.T) {
 	qemu.Create(t, "qcow2", busy, "4M")
 	bad := filepath.Join(src, "bad.qcow2")
 	qemu.Create(t, "qcow2", bad, "1M")
-	cliSetIncompat(t, bad, 2)
+	qemu.SetIncompatible(t, bad, 2)
 	orphan := filepath.Join(src, "orphan.qcow2")
 	qemu.Img(t, "create", "-q", "-u", "-f", "qcow2", "-b", "gone.qcow2", "-F", "qcow2", orphan, "1M")
 	release := holdOpen(t, busy)
@@ -248,7 +248,7 @@ func TestRefusalLog(t *testing.T) {
 	// logged again.
 	other := filepath.Join(qemu.TempDir(t), "bad.qcow2")
 	qemu.Create(t, "qcow2", other, "2M")
-	cliSetIncompat(t, other, 2)
+	qemu.SetIncompatible(t, other, 2)
 	if err := os.Rename(other, bad); err != nil {
 		t.Fatal(err)
 	}

@@ -189,9 +189,7 @@ func TestBadImages(t *testing.T) {
 	// cluster_bits = 40: refused at open.
 	badHeader := filepath.Join(src, "badheader.qcow2")
 	qemu.Create(t, "qcow2", badHeader, "4M")
-	f, _ := os.OpenFile(badHeader, os.O_RDWR, 0)
-	f.WriteAt([]byte{0, 0, 0, 40}, 20)
-	f.Close()
+	qemu.PatchU(t, badHeader, qemu.HeaderClusterBits, 4, 40)
 
 	// The first cluster's L2 entry points past the end of the file.
 	badL2 := filepath.Join(src, "badl2.qcow2")

@@ -139,10 +139,10 @@ func SnapshotEntryOffset(t testing.TB, path string, i int) int64 {
 	}
 	off := int64(ReadU(t, path, HeaderSnapshotsOffset, 8))
 	for ; i > 0; i-- {
-		idLen := int64(ReadU(t, path, off+12, 2))
-		nameLen := int64(ReadU(t, path, off+14, 2))
-		extra := int64(ReadU(t, path, off+36, 4))
-		off += (40 + extra + idLen + nameLen + 7) &^ 7
+		idLen := int64(ReadU(t, path, off+SnapshotIDSize, 2))
+		nameLen := int64(ReadU(t, path, off+SnapshotNameSize, 2))
+		extra := int64(ReadU(t, path, off+SnapshotExtraDataSize, 4))
+		off += (SnapshotFixedSize + extra + idLen + nameLen + 7) &^ 7
 	}
 	return off
 }
@@ -151,7 +151,11 @@ func SnapshotEntryOffset(t testing.TB, path string, i int) int64 {
 const (
 	SnapshotL1TableOffset = 0
 	SnapshotL1Size        = 8
+	SnapshotIDSize        = 12 // id_str_size
+	SnapshotNameSize      = 14
+	SnapshotDateSec       = 16
 	SnapshotExtraDataSize = 36
+	SnapshotFixedSize     = 40 // the fixed part; the extra data follows
 	SnapshotDiskSize      = 48 // in the extra data: vm_state_size_large, then disk_size
 )
 
