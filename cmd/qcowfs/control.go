@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/qcowfs/qcowfs/internal/mountinfo"
 )
 
 // The control socket: a unix socket in the runtime folder named after the
@@ -115,6 +117,30 @@ func peerAllowed(conn *net.UnixConn) error {
 		return errors.New("permission denied: not the mount's owner")
 	}
 	return nil
+}
+
+// qcowfsMount returns the absolute, symlink-free path of the qcowfs mount
+// at path (as the control socket is named after it), or an error saying
+// that nothing, or another file system, is mounted there.
+func qcowfsMount(path string) (string, error) {
+	mnt, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	if real, err := filepath.EvalSymlinks(mnt); err == nil {
+		mnt = real
+	}
+	m, err := mountinfo.At(mnt)
+	if err != nil {
+		return "", err
+	}
+	if m == nil {
+		return "", fmt.Errorf("%s: not mounted", path)
+	}
+	if m.FSType != "fuse.qcowfs" {
+		return "", fmt.Errorf("%s: a %s mount, not a qcowfs one", path, m.FSType)
+	}
+	return mnt, nil
 }
 
 // askControl sends a request to the daemon serving mountpoint and

@@ -5,13 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/qcowfs/qcowfs/fs"
-	"github.com/qcowfs/qcowfs/internal/mountinfo"
 )
 
 type statusCmd struct {
@@ -77,22 +75,9 @@ func (f mountFacts) status(refused refusalLister, stats func() any) mountStatus 
 }
 
 func (c *statusCmd) Run() error {
-	mnt, err := filepath.Abs(c.Mountpoint)
+	mnt, err := qcowfsMount(c.Mountpoint)
 	if err != nil {
 		return err
-	}
-	if real, err := filepath.EvalSymlinks(mnt); err == nil {
-		mnt = real
-	}
-	m, err := mountinfo.At(mnt)
-	if err != nil {
-		return err
-	}
-	if m == nil {
-		return fmt.Errorf("%s: not mounted", c.Mountpoint)
-	}
-	if m.FSType != "fuse.qcowfs" {
-		return fmt.Errorf("%s: a %s mount, not a qcowfs one", c.Mountpoint, m.FSType)
 	}
 	answer, err := askControl(mnt, "status")
 	if err != nil {

@@ -5,13 +5,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/qcowfs/qcowfs/internal/mountinfo"
 )
 
 type unmountCmd struct {
@@ -30,22 +27,9 @@ connected": qcowfs unmount -z MNT clears it, then mount again.`
 }
 
 func (c *unmountCmd) Run() error {
-	mnt, err := filepath.Abs(c.Mountpoint)
+	mnt, err := qcowfsMount(c.Mountpoint)
 	if err != nil {
 		return err
-	}
-	if real, err := filepath.EvalSymlinks(mnt); err == nil {
-		mnt = real
-	}
-	m, err := mountinfo.At(mnt)
-	if err != nil {
-		return err
-	}
-	if m == nil {
-		return fmt.Errorf("%s: not mounted", c.Mountpoint)
-	}
-	if m.FSType != "fuse.qcowfs" {
-		return fmt.Errorf("%s: a %s mount, not a qcowfs one", c.Mountpoint, m.FSType)
 	}
 	pid := daemonPID(mnt)
 	if err := unmount(mnt, c.Lazy); err != nil {
