@@ -78,27 +78,29 @@ func (c *clockCache[K, E]) unpublish(e E) { c.m.CompareAndDelete(c.keyOf(e), e) 
 func (c *clockCache[K, E]) admit(e E, evicted func(E)) {
 	s := c.shard(c.keyOf(e))
 	s.mu.Lock()
-	s.ring.add(e, func(old E) {
+	s.ring.add(e, c.leaving(evicted))
+	s.mu.Unlock()
+}
+
+// leaving returns what happens to an entry the ring lets go: it leaves the
+// map, then is passed to evicted, if not nil.
+func (c *clockCache[K, E]) leaving(evicted func(E)) func(E) {
+	return func(old E) {
 		c.unpublish(old)
 		if evicted != nil {
 			evicted(old)
 		}
-	})
-	s.mu.Unlock()
+	}
 }
 
 // removeIf drops every admitted entry for which drop is true, as if
 // evicted.
 func (c *clockCache[K, E]) removeIf(drop func(E) bool, evicted func(E)) {
+	leave := c.leaving(evicted)
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
-		s.ring.removeIf(drop, func(old E) {
-			c.unpublish(old)
-			if evicted != nil {
-				evicted(old)
-			}
-		})
+		s.ring.removeIf(drop, leave)
 		s.mu.Unlock()
 	}
 }
