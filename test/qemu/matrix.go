@@ -175,12 +175,7 @@ func patternWrites(cs, size int) []string {
 // rawIO runs qemu-io commands on a raw file.
 func rawIO(t testing.TB, path string, cmds ...string) {
 	t.Helper()
-	Require(t, "qemu-io")
-	args := []string{"-f", "raw"}
-	for _, c := range cmds {
-		args = append(args, "-c", c)
-	}
-	Run(t, "qemu-io", append(args, path)...)
+	formatIO(t, "raw", path, cmds...)
 }
 
 // TempDir returns a fresh folder for images; big files are better on a real

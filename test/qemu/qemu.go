@@ -77,12 +77,18 @@ func CreateEncrypted(t testing.TB, path, format string) {
 // IO runs qemu-io commands (each one a "-c" argument) on a qcow2 image.
 func IO(t testing.TB, image string, cmds ...string) {
 	t.Helper()
+	formatIO(t, "qcow2", image, cmds...)
+}
+
+// formatIO runs qemu-io commands on a file of the given format.
+func formatIO(t testing.TB, format, path string, cmds ...string) {
+	t.Helper()
 	Require(t, "qemu-io")
-	args := []string{"-f", "qcow2"}
+	args := []string{"-f", format}
 	for _, c := range cmds {
 		args = append(args, "-c", c)
 	}
-	Run(t, "qemu-io", append(args, image)...)
+	Run(t, "qemu-io", append(args, path)...)
 }
 
 // ToRaw converts image to a raw file with qemu-img convert and returns the
