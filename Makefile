@@ -34,14 +34,15 @@ deps-go:
 deps-build:
 	@[ "$$CGO_ENABLED" = 0 ] || scripts/deps.sh libdeflate-dev gcc
 
-# Packages with concurrency of their own run under the race detector; of
+# Packages with concurrency of their own (remote: parallel range fetches
+# into a shared chunk cache) run under the race detector; of
 # the end-to-end tests in test/, those whose daemons run concurrent
 # requests use a daemon built with -race too, and fail on any race it
 # reports (test/harness_test.go).
-RACE_PKGS := ./qcow2/ ./fs/ ./readahead/ ./fiemap/
+RACE_PKGS := ./qcow2/ ./fs/ ./readahead/ ./fiemap/ ./remote/
 test: deps deps-go lint
 	$(GO) test -race -count=1 -timeout 30m $(RACE_PKGS)
-	PATH="$$PATH:$(GOBIN_DIR)" QCOWFS_TEST_RACE=1 $(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e /qcow2$$ -e /fs$$ -e /readahead$$ -e /fiemap$$)
+	PATH="$$PATH:$(GOBIN_DIR)" QCOWFS_TEST_RACE=1 $(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e /qcow2$$ -e /fs$$ -e /readahead$$ -e /fiemap$$ -e /remote$$)
 
 demo: deps build
 	@scripts/demo.sh $(BIN) $(IMAGES)
