@@ -36,6 +36,7 @@ const exitNoChecks = 63
 // like it: 0 clean, 2 corruptions, 3 leaks only, 1 if the check could not
 // complete, 63 for a raw file.
 func (c *checkCmd) Run() error {
+	boundMemory()
 	// Like qemu-img check, open the backing chain too: an image whose
 	// backing file is missing cannot be checked.
 	o, err := c.open(qcow2.Options{

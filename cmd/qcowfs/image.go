@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -178,3 +179,13 @@ func (e *backingError) Error() string {
 }
 
 func (e *backingError) Unwrap() error { return e.err }
+
+// oneShotMemory is the soft memory limit of info, map and check: the
+// garbage collector works harder as the heap nears it, so that a hostile
+// image's huge tables (65,535 snapshots, say) are freed as they are walked
+// instead of piling up until the next collection the default pacing
+// would start. What the image really needs is charged to the memory budget
+// (qcow2.Options.Budget); this only keeps garbage from counting too.
+const oneShotMemory = 128 << 20
+
+func boundMemory() { debug.SetMemoryLimit(oneShotMemory) }

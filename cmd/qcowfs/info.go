@@ -40,6 +40,7 @@ type rawInfo struct {
 }
 
 func (c *infoCmd) Run() error {
+	boundMemory()
 	var infos []any
 	flags := c.imageFlags
 	seen := map[string]bool{}

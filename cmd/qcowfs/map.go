@@ -38,6 +38,7 @@ show); the JSON output lists every range.`
 // Run prints the image's map exactly as qemu-img map does, so tools
 // written for it work unchanged.
 func (c *mapCmd) Run() error {
+	boundMemory()
 	// qemu opens an image with the corrupt bit read-only, and so maps
 	// it; so does this.
 	o, err := c.open(qcow2.Options{Cache: qcow2.NewCache(qcow2.DefaultCacheSize, qcow2.DefaultClusterCacheSize), AllowCorrupt: true})
