@@ -146,11 +146,11 @@ func Matrix(t testing.TB, dir string) []Image {
 	return out
 }
 
-// settle writes every dirty page back (sync), so that the images'
-// allocated sizes (st_blocks) are final: qemu's detection of
-// preallocated metadata, and so qemu-img map, depends on them, and a file
-// system with delayed allocation changes them when it writes back, which
-// would make qemu and qcowfs, asked a moment apart, see different files.
+// settle writes every dirty page back (sync), so that the images' host
+// files are what they will stay: qemu's block status asks
+// lseek(SEEK_DATA), which counts dirty pages as data, qcowfs asks FIEMAP
+// after syncing the file, and qemu's preallocated-metadata detection goes
+// by st_blocks, which delayed allocation changes at writeback.
 func settle() { syscall.Sync() }
 
 // patternWrites returns qemu-io commands that exercise a disk of the given
