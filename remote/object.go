@@ -277,12 +277,27 @@ func (o *Object) readSlow(ctx context.Context, p []byte, off, idx, last int64, s
 				todo = append(todo, w.idx)
 				lastErr = err
 			default:
-				o.unpinAll(waits[j+1:])
+				// The chunks still coming were asked at the same
+				// time, of a server that refuses: let them land
+				// before returning, so that no read after this one
+				// joins a fetch of the failure it has reported.
+				o.drain(ctx, waits[j+1:])
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// drain waits for the chunks ws (until ctx ends) and lets go of them.
+func (o *Object) drain(ctx context.Context, ws []pending) {
+	for _, w := range ws {
+		select {
+		case <-w.s.done:
+		case <-ctx.Done():
+		}
+		w.s.unpin()
+	}
 }
 
 func (o *Object) unpinAll(ws []pending) {
