@@ -145,9 +145,17 @@ func (b *bench) main() error {
 	}
 	var need []*image
 	for _, w := range plan {
-		im := imageByName(w.image)
-		if !slices.Contains(need, im) {
-			need = append(need, im)
+		names := []string{w.image}
+		if w.write != nil {
+			names = w.write.uses
+		}
+		for _, n := range names {
+			if n == "" {
+				continue
+			}
+			if im := imageByName(n); !slices.Contains(need, im) {
+				need = append(need, im)
+			}
 		}
 	}
 	if err := b.buildImages(need); err != nil {

@@ -40,6 +40,7 @@ import (
 type config struct {
 	quick      bool
 	runs       int
+	runsSet    bool          // --runs was given: it holds for every workload
 	work       string        // images, mounts, logs, outputs
 	bin        string        // the qcowfs binary
 	build      bool          // run `make build` first
@@ -83,6 +84,7 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "bench: unexpected arguments %q\n", flag.Args())
 		return 2
 	}
+	cfg.runsSet = cfg.runs > 0
 	if cfg.runs == 0 {
 		cfg.runs = 5
 		if cfg.quick {

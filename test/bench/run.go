@@ -49,6 +49,16 @@ type record struct {
 	PeakRSS int64 `json:"peak_rss_bytes,omitempty"`
 }
 
+func newResult(w *workload) *wlResult {
+	res := &wlResult{w: w, samples: map[string]map[string][]sample{}, status: map[string]string{},
+		skipped: map[string]map[string]string{}, notes: map[string][]string{}, rss: map[string]int64{}}
+	for _, m := range w.metrics {
+		res.samples[m.id] = map[string][]sample{}
+		res.skipped[m.id] = map[string]string{}
+	}
+	return res
+}
+
 func (r *wlResult) fail(id, status string) {
 	if r.status[id] == "" {
 		r.status[id] = status
@@ -69,16 +79,14 @@ func (r *wlResult) statusOf(metric, id string) string {
 // that fails or times out is not run again in this workload; the others go
 // on. Everything is torn down before it returns.
 func (b *bench) runWorkload(w *workload) *wlResult {
-	res := &wlResult{w: w, samples: map[string]map[string][]sample{}, status: map[string]string{},
-		skipped: map[string]map[string]string{}, notes: map[string][]string{}, rss: map[string]int64{}}
-	for _, m := range w.metrics {
-		res.samples[m.id] = map[string][]sample{}
-		res.skipped[m.id] = map[string]string{}
+	if w.write != nil {
+		return b.runWriteWorkload(w)
 	}
+	res := newResult(w)
 	start := time.Now()
 	res.load = load1()
 	defer func() { res.elapsed = time.Since(start) }()
-	b.say("== %s: %s (%d runs)", w.id, w.title, b.cfg.runs)
+	b.say("== %s: %s (%d runs)", w.id, w.title, b.runsOf(w))
 
 	if w.tmpfs || w.outTmpfs {
 		if err := b.ensureTmpfs(w); err != nil {
@@ -146,7 +154,7 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 		}
 	}
 
-	for run := 1; run <= b.cfg.runs; run++ {
+	for run := 1; run <= b.runsOf(w); run++ {
 		for _, id := range w.who {
 			if res.status[id] != "" {
 				continue
@@ -264,6 +272,8 @@ func describeSamples(w *workload, ss []sample) string {
 				out += fmt.Sprintf("%s %.0f MB/s (%.2f s)", m.id, s.value(mbps), s.seconds)
 			case iops:
 				out += fmt.Sprintf("%.0f IOPS", s.ops)
+			case millis, micros, factor:
+				out += m.id + " " + cell(m.unit, s.value(m.unit), s.seconds)
 			default:
 				out += fmt.Sprintf("%.2f s", s.seconds)
 			}
@@ -294,6 +304,15 @@ func (b *bench) timedOutIn(wid, id string) string {
 		}
 	}
 	return ""
+}
+
+// runsOf is the number of runs per contestant in w: the workload's own
+// unless --runs was given.
+func (b *bench) runsOf(w *workload) int {
+	if w.runs > 0 && !b.cfg.runsSet {
+		return min(w.runs, b.cfg.runs)
+	}
+	return b.cfg.runs
 }
 
 func (b *bench) haveTool(c *contestant) bool {
