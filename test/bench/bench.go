@@ -48,6 +48,9 @@ type bench struct {
 	// verified names, per "contestant image", the workload where a copy
 	// of that contestant was found equal to the raw twin (measureCopy).
 	verified map[string]string
+	// net is the HTTP server and delaying proxies of the remote
+	// workloads (remote.go), started by the first of them.
+	net *remoteNet
 }
 
 func newBench(ctx context.Context, cfg config, repo string) (*bench, error) {
@@ -420,6 +423,9 @@ func (b *bench) tmpfsDir() string { return filepath.Join(b.cfg.work, "tmpfs") }
 
 // imageRoot is the folder holding img/ and raw/ that w reads.
 func (b *bench) imageRoot(w *workload) string {
+	if w.remote != nil {
+		return b.remoteURL(w)
+	}
 	if w.tmpfs {
 		return b.tmpfsDir()
 	}

@@ -117,6 +117,31 @@ var contestants = []*contestant{
 		how:  "qemu-img bench -w -t none -f qcow2 ... IMG",
 		note: "Write workloads only: qemu's own write path on the image file, without FUSE (the arguments are in each workload).",
 	},
+	// The remote workloads' contestants (remote.go): URL is the image's
+	// http:// URL, through the bench's proxy.
+	{
+		id: "qcowfs-remote", label: "qcowfs", role: subject, tool: "qcowfs",
+		how:    "qcowfs mount --log-file LOG URL MNT",
+		note:   "Remote workloads: the image's URL mounted; the file read is MNT/NAME.raw. Default options (caches, connections, readahead).",
+		expose: exposeQcowfsRemote,
+	},
+	{
+		id: "qemu-http", label: "qemu export over curl", role: peer, tool: "qemu-storage-daemon", pkg: "qemu-system-common",
+		how: "qemu-storage-daemon --blockdev driver=http,node-name=file0,url=URL,read-only=on " +
+			"--blockdev driver=qcow2,node-name=fmt0,file=file0,read-only=on --export type=fuse,id=exp0,node-name=fmt0,mountpoint=MNT,writable=off",
+		note:   "Remote workloads: qemu's curl driver (package qemu-block-extra) under its FUSE export; the curl driver's defaults (256 KiB readahead).",
+		expose: exposeQemuHTTP,
+	},
+	{
+		id: "convert-http", label: "qemu-img convert over curl", role: baseline, tool: "qemu-img", pkg: "qemu-utils",
+		how:  "qemu-img convert -f qcow2 -O raw URL OUT",
+		note: "Remote copy workloads: qemu's curl driver, no FUSE.",
+	},
+	{
+		id: "curl", label: "curl (whole file)", role: baseline, tool: "curl", pkg: "curl",
+		how:  "curl -sS --fail -o OUT URL",
+		note: "Remote copy workloads: the naive baseline, downloading the whole qcow2 file (which then still needs converting).",
+	},
 	// The check workload's two contestants are commands, not mounts, like
 	// qemu-img convert: measureCheck runs them on the image itself.
 	{
@@ -301,6 +326,16 @@ func exposeQemu(b *bench, im *image, root, env string) (*exposure, error) {
 // exposeQemuImg exports img with qemu-storage-daemon, read-only or
 // writable.
 func exposeQemuImg(b *bench, img, id, env string, writable bool) (*exposure, error) {
+	node := "driver=file,node-name=file0,filename=" + img + ",aio=threads,read-only=on"
+	if writable {
+		node = "driver=file,node-name=file0,filename=" + img + ",aio=threads,discard=unmap"
+	}
+	return exposeQemuNode(b, id, env, node, writable)
+}
+
+// exposeQemuNode exports a qcow2 node over the protocol node fileNode
+// (named file0: a local file, or an HTTP URL).
+func exposeQemuNode(b *bench, id, env, fileNode string, writable bool) (*exposure, error) {
 	file, err := b.mountDir(id, true)
 	if err != nil {
 		return nil, err
@@ -311,13 +346,13 @@ func exposeQemuImg(b *bench, img, id, env string, writable bool) (*exposure, err
 	// would fail. The export is read-only anyway (writable=off). A write
 	// workload's image is this daemon's alone.
 	args := []string{
-		"--blockdev", "driver=file,node-name=file0,filename=" + img + ",aio=threads,read-only=on",
+		"--blockdev", fileNode,
 		"--blockdev", "driver=qcow2,node-name=fmt0,file=file0,read-only=on",
 		"--export", "type=fuse,id=exp0,node-name=fmt0,mountpoint=" + file + ",writable=off",
 	}
 	if writable {
 		args = []string{
-			"--blockdev", "driver=file,node-name=file0,filename=" + img + ",aio=threads,discard=unmap",
+			"--blockdev", fileNode,
 			"--blockdev", "driver=qcow2,node-name=fmt0,file=file0,discard=unmap",
 			"--export", "type=fuse,id=exp0,node-name=fmt0,mountpoint=" + file + ",writable=on",
 		}

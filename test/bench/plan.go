@@ -214,7 +214,8 @@ func (b *bench) fullPlan() []*workload {
 		checkWorkload(0), // sparse1t
 		checkWorkload(1), // fragback
 	)
-	return append(p, b.writePlan(false)...)
+	p = append(p, b.writePlan(false)...)
+	return append(p, b.remoteWorkloads([]time.Duration{0, 20 * time.Millisecond}, false)...)
 }
 
 // quickPlan is a subset that runs in under 3 minutes once the images

@@ -262,7 +262,7 @@ func (b *bench) markdownWorkload(res *wlResult) string {
 // the baselines.
 func (b *bench) markdownSummary() string {
 	var sb strings.Builder
-	sb.WriteString("| workload | qcowfs | best peer | qcowfs ÷ best peer | raw file | qcowfs ÷ raw | qemu-img convert / bench | qcowfs ÷ qemu-img |\n")
+	sb.WriteString("| workload | qcowfs | best peer | qcowfs ÷ best peer | raw file (remote: curl) | qcowfs ÷ raw | qemu-img convert / bench | qcowfs ÷ qemu-img |\n")
 	sb.WriteString("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, res := range b.results {
 		for _, m := range res.w.metrics {
@@ -313,12 +313,20 @@ func (b *bench) markdownSummary() string {
 				}
 				return ratio(m.unit, q, all[id])
 			}
-			qi := "convert"
-			if slices.Contains(res.w.who, "qemu-img-bench") {
-				qi = "qemu-img-bench"
+			// The baseline columns: the raw file (or, remote, curl's
+			// download) and qemu-img (convert, bench, or convert over
+			// curl).
+			raw, qi := "raw", "convert"
+			if slices.Contains(res.w.who, "curl") {
+				raw = "curl"
+			}
+			for _, id := range []string{"qemu-img-bench", "convert-http"} {
+				if slices.Contains(res.w.who, id) {
+					qi = id
+				}
 			}
 			fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", escapeCell(m.short), show(subj), bestCell, bestRatio,
-				show("raw"), rr("raw"), show(qi), rr(qi))
+				show(raw), rr(raw), show(qi), rr(qi))
 		}
 	}
 	sb.WriteString("\nRatios are qcowfs's median divided by the other's, in the row's unit: for MB/s and IOPS above 1 means qcowfs is faster, for seconds, latencies, CPU per I/O and bytes per byte below 1 does. ")

@@ -98,22 +98,62 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 	}
 	im := imageByName(w.image)
 	exps := map[string]*exposure{}
-	defer func() {
-		// Peak RSS first, while the daemons still run; then tear down,
-		// last exposed first.
-		for id, e := range exps {
-			if n := e.peak(); n > 0 {
-				res.rss[id] = n
-			}
+	// closeExposure records a daemon's peak RSS, while it still runs,
+	// and tears its exposure down.
+	closeExposure := func(id string) {
+		e := exps[id]
+		if e == nil {
+			return
 		}
+		if n := e.peak(); n > 0 {
+			res.rss[id] = max(res.rss[id], n)
+		}
+		for j := len(e.undos) - 1; j >= 0; j-- {
+			b.undo(e.undos[j])
+		}
+		delete(exps, id)
+	}
+	defer func() {
 		for i := len(w.who) - 1; i >= 0; i-- {
-			if e := exps[w.who[i]]; e != nil {
-				for j := len(e.undos) - 1; j >= 0; j-- {
-					b.undo(e.undos[j])
-				}
-			}
+			closeExposure(w.who[i])
 		}
 	}()
+	if w.remote != nil {
+		if err := b.ensureRemote(w); err != nil {
+			for _, id := range w.who {
+				res.fail(id, "failed: "+err.Error())
+			}
+			return res
+		}
+	}
+	// expose makes the image readable through contestant id; false if
+	// it cannot, with the reason in res.
+	expose := func(id string) bool {
+		c := contestantByID(id)
+		e, err := c.expose(b, im, b.imageRoot(w))
+		if err != nil {
+			if why, ok := w.na[id]; ok {
+				fmt.Fprintf(b.log, "%s: %v\n", id, err)
+				res.fail(id, "n/a: "+why)
+			} else {
+				res.fail(id, "failed: "+err.Error())
+			}
+			return false
+		}
+		e.c = c
+		exps[id] = e
+		if err := b.checkExposed(e, mustSize(b, im)); err != nil {
+			res.fail(id, "failed: "+err.Error())
+			return false
+		}
+		if w.prepare != nil {
+			if err := w.prepare(b, w, e); err != nil {
+				res.fail(id, "failed: "+err.Error())
+				return false
+			}
+		}
+		return true
+	}
 	for _, id := range w.who {
 		c := contestantByID(id)
 		if b.ctx.Err() != nil {
@@ -130,28 +170,7 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 		if c.expose == nil {
 			continue
 		}
-		e, err := c.expose(b, im, b.imageRoot(w))
-		if err != nil {
-			if why, ok := w.na[id]; ok {
-				fmt.Fprintf(b.log, "%s: %v\n", id, err)
-				res.fail(id, "n/a: "+why)
-			} else {
-				res.fail(id, "failed: "+err.Error())
-			}
-			continue
-		}
-		e.c = c
-		exps[id] = e
-		if err := b.checkExposed(e, mustSize(b, im)); err != nil {
-			res.fail(id, "failed: "+err.Error())
-			continue
-		}
-		if w.prepare != nil {
-			if err := w.prepare(b, w, e); err != nil {
-				res.fail(id, "failed: "+err.Error())
-				continue
-			}
-		}
+		expose(id)
 	}
 
 	for run := 1; run <= b.runsOf(w); run++ {
@@ -163,6 +182,15 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 				return res
 			}
 			c := contestantByID(id)
+			// A fresh exposure for every run: a daemon's own caches
+			// (a remote mount's chunk cache) must not serve the
+			// next run.
+			if w.freshExposure && run > 1 && c.expose != nil {
+				closeExposure(id)
+				if !expose(id) {
+					continue
+				}
+			}
 			samples, err := w.measure(b, w, c, exps[id], run)
 			if b.ctx.Err() != nil {
 				return res

@@ -80,6 +80,12 @@ type workload struct {
 	// contestant writes into a fresh image of its own instead of
 	// reading a cached one, which is checked after every run.
 	write *writeSpec
+	// remote, when set, makes the image be read over HTTP (remote.go):
+	// imageRoot is then a URL.
+	remote *remoteSpec
+	// freshExposure: every run gets a new mount (a daemon's own cache
+	// must not serve the next run).
+	freshExposure bool
 	// runs overrides the bench's runs per contestant (0: the bench's);
 	// --runs on the command line wins.
 	runs int
