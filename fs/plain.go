@@ -29,7 +29,7 @@ func (n *plainNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, ui
 	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
 		return nil, 0, syscall.EROFS
 	}
-	f, err := n.m.src.open(n.rel)
+	f, err := n.m.src.openPlain(n.rel)
 	if err != nil {
 		return nil, 0, gofs.ToErrno(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/qcowfs/qcowfs/qcow2"
+	"github.com/qcowfs/qcowfs/remote"
 )
 
 // The open-image registry: every disk that something has open, opened once
@@ -151,35 +151,27 @@ func (m *mount) openImage(d diskID, rel string) (*qcow2.Image, error) {
 			writable, why = false, "it is the backing file of "+over+", which would change with it"
 		}
 	}
-	var f *os.File
+	var f qcow2.HostFile
+	var st syscall.Stat_t
 	var err error
 	if writable {
-		if f, err = m.src.openRW(rel); err != nil {
+		if f, st, err = m.src.openImage(rel, true); err != nil {
 			writable, why = false, "the daemon cannot open it for writing: "+err.Error()
 		}
 	}
 	if !writable {
-		if f, err = m.src.open(rel); err != nil {
+		if f, st, err = m.src.openImage(rel, false); err != nil {
 			return nil, err
 		}
-	}
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		f.Close()
-		return nil, err
 	}
 	if keyOf(&st) != d.key {
 		f.Close()
 		return nil, syscall.ESTALE // replaced since it was looked up
 	}
-	hf, err := qcow2.NewFile(f)
-	if err != nil {
-		return nil, err
-	}
 	opts := m.imageOptions()
 	opts.SnapshotIndex = d.snap
 	opts.Writable = writable
-	img, err := qcow2.NewImage(hf, opts)
+	img, err := qcow2.NewImage(f, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -203,7 +195,7 @@ func (m *mount) openHandle(d diskID, rel string, write bool) (*openImage, error)
 	if err != nil {
 		return nil, err
 	}
-	st, err := fileStat(oi.img)
+	st, err := m.src.fileStat(oi.img.File())
 	if err == nil {
 		err = m.ids.opened(d.key, d.gen, versionOf(&st))
 	}
@@ -262,24 +254,13 @@ func (m *mount) closeHandle(oi *openImage, write bool) {
 		oi.img.Unlock()
 	}
 	oi.lockMu.Unlock()
-	st, err := fileStat(oi.img)
+	st, err := m.src.fileStat(oi.img.File())
 	if err == nil {
 		m.ids.closed(oi.d.key, versionOf(&st))
 	} else {
 		m.ids.closed(oi.d.key, version{})
 	}
 	m.release(oi)
-}
-
-// fileStat stats an open image's file.
-func fileStat(img *qcow2.Image) (syscall.Stat_t, error) {
-	var st syscall.Stat_t
-	f, ok := img.File().(interface{ Fd() uintptr })
-	if !ok {
-		return st, errors.New("not a local file")
-	}
-	err := syscall.Fstat(int(f.Fd()), &st)
-	return st, err
 }
 
 func (m *mount) imageOptions() qcow2.Options {
@@ -338,6 +319,11 @@ func errnoOf(err error) syscall.Errno {
 	switch {
 	case err == nil:
 		return 0
+	case isRemote(err):
+		// A remote object that changed, timed out, went away or was
+		// refused: the reader gets EIO (never EINTR for a timeout,
+		// which a reader might retry for ever).
+		return syscall.EIO
 	case errors.Is(err, qcow2.ErrLocked):
 		return syscall.EBUSY
 	case errors.Is(err, qcow2.ErrNoSpace):
@@ -357,6 +343,12 @@ func errnoOf(err error) syscall.Errno {
 	default:
 		return syscall.EIO
 	}
+}
+
+// isRemote reports whether err is a failure of package remote.
+func isRemote(err error) bool {
+	var re *remote.Error
+	return errors.As(err, &re)
 }
 
 // closeAll writes back and closes every image still open, when the mount

@@ -15,12 +15,23 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/qcowfs/qcowfs/qcow2"
+	"github.com/qcowfs/qcowfs/remote"
 )
 
 // Config is what a mount needs to know.
 type Config struct {
-	// Source is a folder, or a single image file, to present.
+	// Source is a folder, or a single image file, to present; or a URL
+	// (remote.IsURL): an s3://BUCKET/PREFIX/ whose objects are shown, or
+	// the http(s):// or s3:// URL of one image (remotetree.go).
 	Source string
+	// Remote opens remote sources; required for a URL Source.
+	Remote *remote.Client
+	// RemoteRefresh is how old a listing of a remote source may get
+	// before the next lookup or listing lists again (default 30 s).
+	RemoteRefresh time.Duration
+	// AllowBackingURLs are URL prefixes, besides the mounted one, under
+	// which the backing and data files of remote images may lie.
+	AllowBackingURLs []string
 	// Image options for every image; Cache should be set so that all
 	// images share one table cache.
 	Image qcow2.Options
@@ -63,7 +74,7 @@ const maxRead = 1<<20 - 8<<10
 type mount struct {
 	cfg Config
 	log *slog.Logger
-	src *source
+	src tree // the local folder or the remote objects (tree.go)
 
 	ids *identities // generations of source files, identity.go
 	reg registry    // open images, registry.go
@@ -102,17 +113,49 @@ func NewRoot(cfg Config) (*Root, error) {
 		// One memory budget for the metadata of every image.
 		cfg.Image.Budget = qcow2.NewBudget(qcow2.DefaultBudget)
 	}
-	src, err := filepath.Abs(cfg.Source)
+	var src tree
+	only := ""
+	if remote.IsURL(cfg.Source) {
+		if cfg.Writable {
+			return nil, fmt.Errorf("%s: remote images are read-only; --writable needs a local source", remote.Redact(cfg.Source))
+		}
+		rt, name, err := openRemoteTree(cfg)
+		if err != nil {
+			return nil, err
+		}
+		src, only = rt, name
+	} else {
+		s, name, err := openLocal(cfg.Source)
+		if err != nil {
+			return nil, err
+		}
+		src, only = s, name
+	}
+	m := &mount{cfg: cfg, log: cfg.Log, src: src, ids: newIdentities(), usage: newUsageTable(), refused: map[string]error{}, readOnly: map[string]string{}, backing: map[fileKey]string{}, fds: newFDBudget()}
+	m.log.Debug("file descriptors", "limit", m.fds.nofile, "for open images", m.fds.limit, "per folder", m.fds.perFolder)
+	m.reg.images = map[diskID]*openImage{}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	// Backing files must stay inside what the user mounted, plus
+	// whatever else the caller allows.
+	src.configure(&m.cfg.Image)
+	go m.countUsage(m.ctx)
+	return &Root{dirNode: dirNode{m: m, only: only}}, nil
+}
+
+// openLocal opens a local source: a folder, or a single image file (then
+// the folder holding it, showing only that file, whose name is returned).
+func openLocal(source string) (*source, string, error) {
+	src, err := filepath.Abs(source)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	src, err = filepath.EvalSymlinks(src)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	st, err := os.Stat(src)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	root, only := src, ""
 	switch {
@@ -121,21 +164,13 @@ func NewRoot(cfg Config) (*Root, error) {
 		// A single file: a folder holding just that file.
 		root, only = filepath.Dir(src), filepath.Base(src)
 	default:
-		return nil, fmt.Errorf("%s: not a folder or a regular file", cfg.Source)
+		return nil, "", fmt.Errorf("%s: not a folder or a regular file", source)
 	}
 	s, err := openSource(root)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	m := &mount{cfg: cfg, log: cfg.Log, src: s, ids: newIdentities(), usage: newUsageTable(), refused: map[string]error{}, readOnly: map[string]string{}, backing: map[fileKey]string{}, fds: newFDBudget()}
-	m.log.Debug("file descriptors", "limit", m.fds.nofile, "for open images", m.fds.limit, "per folder", m.fds.perFolder)
-	m.reg.images = map[diskID]*openImage{}
-	m.ctx, m.cancel = context.WithCancel(context.Background())
-	// Backing files must stay inside what the user mounted, plus
-	// whatever else the caller allows.
-	m.cfg.Image.AllowedDirs = append([]string{root}, cfg.Image.AllowedDirs...)
-	go m.countUsage(m.ctx)
-	return &Root{dirNode: dirNode{m: m, only: only}}, nil
+	return s, only, nil
 }
 
 // Close stops the mount's background work and writes back and closes
@@ -143,6 +178,7 @@ func NewRoot(cfg Config) (*Root, error) {
 func (r *Root) Close() {
 	r.m.cancel()
 	r.m.closeAll()
+	r.m.src.close()
 }
 
 // Options returns go-fuse options suited to an image mount, read-only
@@ -183,7 +219,7 @@ var _ = (gofs.NodeStatfser)((*dirNode)(nil))
 // Statfs reports the source file system's numbers.
 func (d *dirNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	var st syscall.Statfs_t
-	if err := syscall.Fstatfs(d.m.src.fd, &st); err != nil {
+	if err := d.m.src.statfs(&st); err != nil {
 		return gofs.ToErrno(err)
 	}
 	out.FromStatfsT(&st)

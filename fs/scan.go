@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"os"
 	"runtime/debug"
 	"sort"
 	"strings"
@@ -140,13 +139,13 @@ type dirScan struct {
 func (d *dirNode) scan(name string) (*dirScan, error) {
 	d.scanMu.Lock()
 	defer d.scanMu.Unlock()
-	dir, err := d.m.src.dir(d.rel)
+	dir, err := d.m.src.folder(d.rel)
 	if err != nil {
 		return nil, err
 	}
 	defer dir.Close()
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(dir.Fd()), &st); err != nil {
+	st, err := dir.stat()
+	if err != nil {
 		return nil, err
 	}
 	cur := d.cur
@@ -201,13 +200,13 @@ func (d *dirNode) scan(name string) (*dirScan, error) {
 
 // rescan reads the folder's names again and classifies every entry,
 // keeping the classification of entries that did not change.
-func (d *dirNode) rescan(dir *os.File, old *dirScan, st *syscall.Stat_t) (*dirScan, error) {
+func (d *dirNode) rescan(dir folder, old *dirScan, st *syscall.Stat_t) (*dirScan, error) {
 	var names []string
 	if d.only != "" {
 		names = []string{d.only}
 	} else {
 		var err error
-		if names, err = dir.Readdirnames(-1); err != nil {
+		if names, err = dir.names(); err != nil {
 			return nil, err
 		}
 	}
@@ -228,9 +227,9 @@ func (d *dirNode) rescan(dir *os.File, old *dirScan, st *syscall.Stat_t) (*dirSc
 // classify stats one source entry and, for a new or changed qcow2 image,
 // validates it. It returns old if nothing changed, and nil for an entry
 // that does not exist any more.
-func (d *dirNode) classify(dir *os.File, name string, old *entry) *entry {
+func (d *dirNode) classify(dir folder, name string, old *entry) *entry {
 	m := d.m
-	lst, err := lstatIn(dir, name)
+	lst, err := dir.lstat(name)
 	if err != nil {
 		return nil
 	}
@@ -261,9 +260,11 @@ func (d *dirNode) classify(dir *os.File, name string, old *entry) *entry {
 		e.kind = kindDir
 	case syscall.S_IFREG:
 		e.kind = kindPlain
-		if m.isQcow2(e.rel) {
+		if m.src.isQcow2(e.rel) {
 			e.kind = kindImage
 			m.validate(e, old)
+		} else if !m.src.showsPlain() {
+			e.hidden = true
 		}
 	default:
 		// Devices, fifos and sockets are not shown: reading a fifo
@@ -278,18 +279,6 @@ func (d *dirNode) classify(dir *os.File, name string, old *entry) *entry {
 // only, which does not count; any change of mode or owner moves ctime).
 func unchanged(a, b *syscall.Stat_t) bool {
 	return keyOf(a) == keyOf(b) && versionOf(a) == versionOf(b)
-}
-
-// isQcow2 reports whether the regular file rel starts with the qcow2 magic.
-func (m *mount) isQcow2(rel string) bool {
-	f, err := m.src.open(rel)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	var b [4]byte
-	n, _ := f.ReadAt(b[:], 0)
-	return n == 4 && uint32(b[0])<<24|uint32(b[1])<<16|uint32(b[2])<<8|uint32(b[3]) == qcow2.Magic
 }
 
 // maxSnapshotTables bounds how many snapshots of one image get their

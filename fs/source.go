@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/qcowfs/qcowfs/qcow2"
 )
 
 // The source tree: every access to what the user mounted goes through a
@@ -28,6 +31,8 @@ type source struct {
 	root string // the root folder's absolute path, after symlinks: for messages
 	fd   int    // O_PATH descriptor of the root folder
 }
+
+var _ tree = (*source)(nil)
 
 func openSource(root string) (*source, error) {
 	fd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -109,13 +114,88 @@ func (s *source) openRW(rel string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), s.abs(rel)), nil
 }
 
-// dir opens the folder rel.
-func (s *source) dir(rel string) (*os.File, error) {
+// folder opens the folder rel.
+func (s *source) folder(rel string) (folder, error) {
 	fd, err := s.openat2(rel, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return nil, err
 	}
-	return os.NewFile(uintptr(fd), s.abs(rel)), nil
+	return localFolder{os.NewFile(uintptr(fd), s.abs(rel))}, nil
+}
+
+// localFolder is a folder of a local tree, open.
+type localFolder struct{ *os.File }
+
+func (d localFolder) stat() (syscall.Stat_t, error) {
+	var st syscall.Stat_t
+	err := syscall.Fstat(int(d.Fd()), &st)
+	return st, err
+}
+
+func (d localFolder) names() ([]string, error) { return d.Readdirnames(-1) }
+
+func (d localFolder) lstat(name string) (syscall.Stat_t, error) { return lstatIn(d.File, name) }
+
+// isQcow2 reports whether the regular file rel starts with the qcow2 magic.
+func (s *source) isQcow2(rel string) bool {
+	f, err := s.open(rel)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var b [4]byte
+	n, _ := f.ReadAt(b[:], 0)
+	return n == 4 && binary.BigEndian.Uint32(b[:]) == qcow2.Magic
+}
+
+// openImage opens the image file rel, read-write if write.
+func (s *source) openImage(rel string, write bool) (qcow2.HostFile, syscall.Stat_t, error) {
+	var st syscall.Stat_t
+	var f *os.File
+	var err error
+	if write {
+		f, err = s.openRW(rel)
+	} else {
+		f, err = s.open(rel)
+	}
+	if err != nil {
+		return nil, st, err
+	}
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, st, err
+	}
+	hf, err := qcow2.NewFile(f)
+	return hf, st, err
+}
+
+// fileStat stats an open image file.
+func (s *source) fileStat(f qcow2.HostFile) (syscall.Stat_t, error) {
+	var st syscall.Stat_t
+	fd, ok := f.(interface{ Fd() uintptr })
+	if !ok {
+		return st, errors.New("not a local file")
+	}
+	err := syscall.Fstat(int(fd.Fd()), &st)
+	return st, err
+}
+
+// showsPlain: plain files are shown, spliced from their descriptor.
+func (s *source) showsPlain() bool { return true }
+
+// close closes the root's descriptor.
+func (s *source) close() { unix.Close(s.fd) }
+
+// openPlain opens the regular file rel for reading.
+func (s *source) openPlain(rel string) (*os.File, error) { return s.open(rel) }
+
+// statfs reports the source file system's numbers.
+func (s *source) statfs(st *syscall.Statfs_t) error { return syscall.Fstatfs(s.fd, st) }
+
+// configure confines backing files to the source folder, plus whatever
+// folders the caller allows.
+func (s *source) configure(o *qcow2.Options) {
+	o.AllowedDirs = append([]string{s.root}, o.AllowedDirs...)
 }
 
 // stat stats rel, following symlinks inside the tree.

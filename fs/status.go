@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/qcowfs/qcowfs/qcow2"
+	"github.com/qcowfs/qcowfs/remote"
 )
 
 // What the daemon tells `qcowfs status`: the images it refuses and why,
@@ -124,6 +125,8 @@ type Status struct {
 	Images      []ImageStatus `json:"open-images"`
 	TableHits   uint64        `json:"table-cache-hits"`
 	TableMisses uint64        `json:"table-cache-misses"`
+	// Remote is the remote client's counters, for a remote source.
+	Remote *remote.ClientStats `json:"remote,omitempty"`
 }
 
 // Stats returns the mount's status.
@@ -131,6 +134,10 @@ func (r *Root) Stats() any {
 	m := r.m
 	var st Status
 	st.TableHits, st.TableMisses = m.cfg.Image.Cache.Stats()
+	if m.cfg.Remote != nil {
+		rs := m.cfg.Remote.Stats()
+		st.Remote = &rs
+	}
 	m.reg.mu.Lock()
 	open := make([]*openImage, 0, len(m.reg.images))
 	for _, oi := range m.reg.images {

@@ -52,6 +52,11 @@ func (o *Object) URL() string { return o.url }
 // versioned bucket, else the ETag, else the Last-Modified time.
 func (o *Object) Version() string { return o.meta.version() }
 
+// ETag returns the ETag the object was opened at, quotes included ("" if
+// the server sent none): what a listing's Entry.ETag says of the same
+// version.
+func (o *Object) ETag() string { return o.meta.etag }
+
 // Stats returns the Object's counters.
 func (o *Object) Stats() Stats { return o.st.load() }
 

@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/qcowfs/qcowfs/qcow2"
+	"github.com/qcowfs/qcowfs/remote"
 )
 
 // info, map and check share how they name, open and lock an image, with
@@ -16,24 +17,29 @@ import (
 
 // imageFlags are the flags info, map and check share.
 type imageFlags struct {
-	Image      string `arg:"" help:"The image file: qcow2, or any other file, which is read as raw (as qemu-img probes it)."`
-	Format     string `short:"f" placeholder:"FMT" help:"The image's format, as qemu-img -f: qcow2 (a file that is not one is an error) or raw (a qcow2 image read as a raw file). Default: probed."`
-	Output     string `enum:"human,json" default:"human" help:"Output format: human or json, as qemu-img prints them (the same fields, in the same order)."`
-	ForceShare bool   `short:"U" help:"Read the image even if another process (a running qemu) has it open for writing, like qemu-img -U."`
+	Image       string `arg:"" help:"The image file: qcow2, or any other file, which is read as raw (as qemu-img probes it); or the http://, https:// or s3:// URL of a qcow2 image."`
+	Format      string `short:"f" placeholder:"FMT" help:"The image's format, as qemu-img -f: qcow2 (a file that is not one is an error) or raw (a qcow2 image read as a raw file). Default: probed."`
+	Output      string `enum:"human,json" default:"human" help:"Output format: human or json, as qemu-img prints them (the same fields, in the same order)."`
+	ForceShare  bool   `short:"U" help:"Read the image even if another process (a running qemu) has it open for writing, like qemu-img -U."`
+	remoteFlags `embed:""`
 }
 
 // An openedImage is an image opened and locked for info, map or check:
 // a qcow2 image, or a raw file.
 type openedImage struct {
-	name string
-	img  *qcow2.Image // nil for a raw file
-	raw  *os.File     // nil for a qcow2 image
-	size int64        // of the raw file
+	name   string
+	img    *qcow2.Image // nil for a raw file
+	raw    *os.File     // nil for a qcow2 image
+	size   int64        // of the raw file
+	client *remote.Client
 }
 
 func (o *openedImage) Close() {
 	if o.img != nil {
 		o.img.Close()
+	}
+	if o.client != nil {
+		o.client.Close()
 	}
 	if o.raw != nil {
 		o.raw.Close()
@@ -70,6 +76,9 @@ func (f *imageFlags) format() (string, error) {
 // open opens and locks the image, as qemu-img does: the locks of a
 // read-only reader unless -U.
 func (f *imageFlags) open(opts qcow2.Options) (*openedImage, error) {
+	if remote.IsURL(f.Image) {
+		return f.openRemote(opts)
+	}
 	format, err := f.format()
 	if err != nil {
 		return nil, err
@@ -115,6 +124,30 @@ func (f *imageFlags) open(opts qcow2.Options) (*openedImage, error) {
 		return nil, err
 	}
 	return o, nil
+}
+
+// openRemote opens a remote qcow2 image; its backing files must lie in
+// its folder (on the same server, or in the same bucket and prefix).
+func (f *imageFlags) openRemote(opts qcow2.Options) (*openedImage, error) {
+	if f.Format == "raw" {
+		return nil, fmt.Errorf("%s: remote images are read as qcow2 only", remote.Redact(f.Image))
+	}
+	if f.Format != "" && f.Format != "qcow2" {
+		return nil, fmt.Errorf("%s: format %q: qcowfs reads qcow2 and raw images only", remote.Redact(f.Image), f.Format)
+	}
+	c, err := f.client(nil)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Cache == nil {
+		opts.Cache = qcow2.NewCache(qcow2.DefaultCacheSize, 1<<20)
+	}
+	img, err := openRemoteImage(c, f.Image, opts, nil)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &openedImage{name: remote.Redact(f.Image), img: img, client: c}, nil
 }
 
 // actualSize is the space a file takes on its host, as qemu's actual-size.

@@ -8,7 +8,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/qcowfs/qcowfs/internal/remotefile"
 	"github.com/qcowfs/qcowfs/qcow2"
+	"github.com/qcowfs/qcowfs/remote"
 )
 
 type infoCmd struct {
@@ -49,6 +51,10 @@ func (c *infoCmd) Run() error {
 		infos = append(infos, info)
 		if !c.BackingChain || next == "" {
 			break
+		}
+		if remote.IsURL(c.Image) && !remote.Within(next, []string{remotefile.Folder(c.Image)}) {
+			// As the mount confines a chain to the image's folder.
+			return fmt.Errorf("%s: backing file %s is outside the image's folder %s", remote.Redact(flags.Image), remote.Redact(next), remote.Redact(remotefile.Folder(c.Image)))
 		}
 		if seen[next] {
 			return fmt.Errorf("backing file %q creates an infinite loop", next)
@@ -96,7 +102,17 @@ func describe(f *imageFlags) (info any, next, nextFormat string, err error) {
 		return &rawInfo{VirtualSize: rawVirtualSize(o.size), Filename: o.name, Format: "raw", ActualSize: actualSize(o.raw)}, "", "", nil
 	}
 	qi := o.img.Info()
-	return &qi, qi.FullBackingFilename, qi.BackingFilenameFormat, nil
+	next = qi.FullBackingFilename
+	if remote.IsURL(f.Image) && qi.BackingFilename != "" {
+		// The next image of a remote chain is a URL resolved against
+		// this one, in its folder, never a local file.
+		u, err := remote.Resolve(f.Image, qi.BackingFilename)
+		if err != nil {
+			return nil, "", "", err
+		}
+		next, qi.FullBackingFilename = u, remote.Redact(u)
+	}
+	return &qi, next, qi.BackingFilenameFormat, nil
 }
 
 // describeEncrypted describes an encrypted image, holding a reader's

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -8,31 +9,36 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/qcowfs/qcowfs/internal/mountinfo"
+	"github.com/qcowfs/qcowfs/internal/remotefile"
 	"github.com/qcowfs/qcowfs/qcow2"
+	"github.com/qcowfs/qcowfs/remote"
 )
 
 type mountCmd struct {
-	Source              string   `arg:"" help:"Folder of qcow2 images (searched recursively), or one image file."`
-	Mountpoint          string   `arg:"" help:"Folder to mount on."`
-	Foreground          bool     `short:"f" help:"Stay in the foreground and log to stderr; unmount on SIGINT or SIGTERM."`
-	AllowOther          bool     `help:"Let other users read the mount (as non-root this needs user_allow_other in /etc/fuse.conf). File permissions still apply."`
-	L2CacheSize         byteSize `name:"l2-cache-size" default:"32M" placeholder:"SIZE" help:"Memory for L2 tables, shared by all images: 32M maps 256 GiB of disk at 64 KiB clusters (default: ${default})."`
-	CacheSize           byteSize `default:"64M" placeholder:"SIZE" help:"Memory for decompressed clusters of compressed images, shared by all images (default: ${default})."`
-	MetadataMemory      byteSize `default:"512M" placeholder:"SIZE" help:"Memory for the metadata images keep while open (L1, snapshot and refcount tables, metadata maps), shared by all images; an image that does not fit is not served (default: ${default})."`
-	ReadAhead           byteSize `default:"4M" placeholder:"SIZE" help:"Kernel readahead for the mount (root only; the kernel's FUSE default is 128K) (default: ${default})."`
-	ReadPath            string   `enum:"splice,copy" default:"splice" help:"How reads of uncompressed data are answered: splice (zero-copy from the image file) or copy (through a buffer)."`
-	LogLevel            string   `enum:"debug,info,warn,error" default:"info" help:"Least severe log messages to keep: debug, info, warn or error."`
-	LogFile             string   `placeholder:"PATH" help:"Append the daemon's log here. Default: syslog; without syslog (no /dev/log) /run/qcowfs/MNT.log as root, $$XDG_RUNTIME_DIR/qcowfs/MNT.log otherwise; stderr with --foreground. SIGHUP reopens it."`
-	Debug               bool     `help:"Log every FUSE request and reply (very verbose)."`
-	CPUProfile          string   `placeholder:"PATH" help:"Write a Go CPU profile of the daemon here, from mount to unmount."`
-	AllowBackingOutside []string `placeholder:"DIR" sep:"none" help:"Also follow backing and data files that resolve inside DIR (repeat the flag for more folders). By default they must lie inside the source folder."`
-	AllowCorrupt        bool     `help:"Serve images qemu marked corrupt (read-only, with a warning in the log)."`
-	NoPartitions        bool     `help:"Do not show the folders of guest partitions (STEM.raw.parts/p1, ...)."`
-	ForceShare          bool     `short:"U" help:"Serve images that another process (a running qemu) has open for writing, like qemu-img -U; their content may change under the reader. Not with --writable."`
-	Writable            bool     `help:"Make the raw files of qcow2 images writable: writes, discards (fstrim), zeroing and growing go into the images, crash-safe (see Writing in the README). Snapshots, partitions of snapshots and plain files stay read-only."`
-	FSName              string   `name:"fsname" placeholder:"NAME" help:"What mount, df and findmnt show as the source (default: the source path)."`
+	Source              string        `arg:"" help:"Folder of qcow2 images (searched recursively), or one image file; or a remote source: the http://, https:// or s3:// URL of one image, or an s3://BUCKET/PREFIX/ (ending with a slash) whose qcow2 objects are shown in folders mirroring their keys."`
+	Mountpoint          string        `arg:"" help:"Folder to mount on."`
+	Foreground          bool          `short:"f" help:"Stay in the foreground and log to stderr; unmount on SIGINT or SIGTERM."`
+	AllowOther          bool          `help:"Let other users read the mount (as non-root this needs user_allow_other in /etc/fuse.conf). File permissions still apply."`
+	L2CacheSize         byteSize      `name:"l2-cache-size" default:"32M" placeholder:"SIZE" help:"Memory for L2 tables, shared by all images: 32M maps 256 GiB of disk at 64 KiB clusters (default: ${default})."`
+	CacheSize           byteSize      `default:"64M" placeholder:"SIZE" help:"Memory for decompressed clusters of compressed images, shared by all images (default: ${default})."`
+	MetadataMemory      byteSize      `default:"512M" placeholder:"SIZE" help:"Memory for the metadata images keep while open (L1, snapshot and refcount tables, metadata maps), shared by all images; an image that does not fit is not served (default: ${default})."`
+	ReadAhead           byteSize      `default:"4M" placeholder:"SIZE" help:"Kernel readahead for the mount (root only; the kernel's FUSE default is 128K) (default: ${default})."`
+	ReadPath            string        `enum:"splice,copy" default:"splice" help:"How reads of uncompressed data are answered: splice (zero-copy from the image file) or copy (through a buffer)."`
+	LogLevel            string        `enum:"debug,info,warn,error" default:"info" help:"Least severe log messages to keep: debug, info, warn or error."`
+	LogFile             string        `placeholder:"PATH" help:"Append the daemon's log here. Default: syslog; without syslog (no /dev/log) /run/qcowfs/MNT.log as root, $$XDG_RUNTIME_DIR/qcowfs/MNT.log otherwise; stderr with --foreground. SIGHUP reopens it."`
+	Debug               bool          `help:"Log every FUSE request and reply (very verbose)."`
+	CPUProfile          string        `placeholder:"PATH" help:"Write a Go CPU profile of the daemon here, from mount to unmount."`
+	AllowBackingOutside []string      `placeholder:"DIR" sep:"none" help:"Also follow backing and data files that resolve inside DIR, or for remote images under DIR given as a URL prefix (repeat the flag for more). By default they must lie inside the source folder (or under the source's URL prefix)."`
+	AllowCorrupt        bool          `help:"Serve images qemu marked corrupt (read-only, with a warning in the log)."`
+	NoPartitions        bool          `help:"Do not show the folders of guest partitions (STEM.raw.parts/p1, ...)."`
+	ForceShare          bool          `short:"U" help:"Serve images that another process (a running qemu) has open for writing, like qemu-img -U; their content may change under the reader. Not with --writable."`
+	Writable            bool          `help:"Make the raw files of qcow2 images writable: writes, discards (fstrim), zeroing and growing go into the images, crash-safe (see Writing in the README). Snapshots, partitions of snapshots and plain files stay read-only."`
+	FSName              string        `name:"fsname" placeholder:"NAME" help:"What mount, df and findmnt show as the source (default: the source path)."`
+	RemoteRefresh       time.Duration `default:"30s" placeholder:"DURATION" help:"Remote sources: list again when the listing is this old, at the next lookup or listing; objects added or replaced show up then (default: ${default})."`
+	remoteFlags         `embed:""`
 	Options             []string `short:"o" sep:"none" placeholder:"OPT,..." help:"${options_help}"`
 	// Fake is mount(8)'s -f: mount nothing.
 	Fake bool `hidden:"" help:"Mount nothing (mount -f)."`
@@ -106,8 +112,11 @@ func (c *mountCmd) Run(inv *invocation) error {
 // resolvePaths makes every path flag absolute against the caller's
 // working folder, before anything (the daemon) changes folder.
 func (c *mountCmd) resolvePaths() error {
+	if err := c.absPaths(); err != nil {
+		return err
+	}
 	for _, p := range []*string{&c.Source, &c.Mountpoint, &c.LogFile, &c.CPUProfile} {
-		if *p == "" {
+		if *p == "" || remote.IsURL(*p) {
 			continue
 		}
 		abs, err := filepath.Abs(*p)
@@ -117,6 +126,9 @@ func (c *mountCmd) resolvePaths() error {
 		*p = abs
 	}
 	for i, d := range c.AllowBackingOutside {
+		if remote.IsURL(d) {
+			continue
+		}
 		abs, err := filepath.Abs(d)
 		if err != nil {
 			return err
@@ -148,21 +160,32 @@ func (c *mountCmd) preflight() error {
 	if c.Writable && c.ForceShare {
 		return fmt.Errorf("--force-share cannot be used with --writable: writing an image that another process writes would corrupt it")
 	}
-	st, err := os.Stat(c.Source)
-	if err != nil {
-		return &errSourceMissing{err}
-	}
-	switch {
-	case st.IsDir():
-	case st.Mode().IsRegular():
-		// A single image: refuse it now, for whatever reason the
-		// mount would not show it, rather than mount an empty
-		// folder.
-		if err := c.checkSingleImage(); err != nil {
+	isURL := remote.IsURL(c.Source)
+	var st os.FileInfo
+	if isURL {
+		if c.Writable {
+			return fmt.Errorf("--writable: remote images are read-only (the source is a URL)")
+		}
+		if err := c.checkRemote(); err != nil {
 			return fmt.Errorf("source: %w", err)
 		}
-	default:
-		return fmt.Errorf("source %s: not a folder or a regular file", c.Source)
+	} else {
+		var err error
+		if st, err = os.Stat(c.Source); err != nil {
+			return &errSourceMissing{err}
+		}
+		switch {
+		case st.IsDir():
+		case st.Mode().IsRegular():
+			// A single image: refuse it now, for whatever reason
+			// the mount would not show it, rather than mount an
+			// empty folder.
+			if err := c.checkSingleImage(); err != nil {
+				return fmt.Errorf("source: %w", err)
+			}
+		default:
+			return fmt.Errorf("source %s: not a folder or a regular file", c.Source)
+		}
 	}
 	mst, err := os.Stat(c.Mountpoint)
 	if errors.Is(err, syscall.ENOTCONN) {
@@ -190,17 +213,20 @@ func (c *mountCmd) preflight() error {
 		}
 		return fmt.Errorf("mount point %s: already a mount point (%s; unmount it first: %s %s)", c.Mountpoint, m.FSType, how, c.Mountpoint)
 	}
-	realSrc, err := filepath.EvalSymlinks(c.Source)
-	if err != nil {
-		return fmt.Errorf("source: %w", err)
-	}
-	if st.IsDir() && within(realMnt, realSrc) {
-		return fmt.Errorf("mount point %s: inside the source folder %s; the mount would contain itself (mount a folder that does not hold the mount point)", c.Mountpoint, c.Source)
-	}
-	if within(realSrc, realMnt) {
-		// The daemon reads the source by path: mounted over, every
-		// lookup would come back to the daemon itself and hang.
-		return fmt.Errorf("source %s: inside the mount point %s; the mount would hide its own source", c.Source, c.Mountpoint)
+	if !isURL {
+		realSrc, err := filepath.EvalSymlinks(c.Source)
+		if err != nil {
+			return fmt.Errorf("source: %w", err)
+		}
+		if st.IsDir() && within(realMnt, realSrc) {
+			return fmt.Errorf("mount point %s: inside the source folder %s; the mount would contain itself (mount a folder that does not hold the mount point)", c.Mountpoint, c.Source)
+		}
+		if within(realSrc, realMnt) {
+			// The daemon reads the source by path: mounted over,
+			// every lookup would come back to the daemon itself
+			// and hang.
+			return fmt.Errorf("source %s: inside the mount point %s; the mount would hide its own source", c.Source, c.Mountpoint)
+		}
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		return fmt.Errorf("FUSE is not available: %w (load the fuse module; in a container, pass the /dev/fuse device)", err)
@@ -249,10 +275,34 @@ func (c *mountCmd) checkSingleImage() error {
 	return nil
 }
 
+// checkRemote checks a remote source before anything is mounted: a
+// prefix is listed (a wrong key fails here), one image is opened the way
+// the mount will open it.
+func (c *mountCmd) checkRemote() error {
+	client, err := c.client(nil)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	if remotefile.IsPrefix(c.Source) {
+		_, err := client.List(context.Background(), c.Source)
+		return err
+	}
+	opts := c.imageOptions()
+	opts.Cache = qcow2.NewCache(1<<20, 0)
+	_, urls := splitAllowed(c.AllowBackingOutside)
+	img, err := openRemoteImage(client, c.Source, opts, urls)
+	if err != nil {
+		return withHint(err)
+	}
+	return img.Close()
+}
+
 // imageOptions are the qcow2 options every image of the mount is opened
 // with (the cache aside).
 func (c *mountCmd) imageOptions() qcow2.Options {
-	return qcow2.Options{AllowCorrupt: c.AllowCorrupt, AllowedDirs: append([]string(nil), c.AllowBackingOutside...)}
+	dirs, _ := splitAllowed(c.AllowBackingOutside)
+	return qcow2.Options{AllowCorrupt: c.AllowCorrupt, AllowedDirs: dirs}
 }
 
 func hasUserAllowOther(conf []byte) bool {

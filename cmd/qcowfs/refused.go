@@ -6,7 +6,9 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/qcowfs/qcowfs/internal/remotefile"
 	"github.com/qcowfs/qcowfs/qcow2"
+	"github.com/qcowfs/qcowfs/remote"
 )
 
 // A refusalLister knows which images a mount does not show, and why:
@@ -78,6 +80,14 @@ func refusalHint(err error) string {
 			dir = filepath.Dir(p)
 		}
 		return "--allow-backing-outside=" + dir + " follows it"
+	case errors.As(err, &re) && strings.Contains(re.Reason, "outside the allowed URL prefixes"):
+		// "resolves to https://host/base/x.qcow2, outside the allowed
+		// URL prefixes": name the URL's folder.
+		prefix := "URL"
+		if u, _, ok := strings.Cut(strings.TrimPrefix(re.Reason, "resolves to "), ", outside"); ok && remote.IsURL(u) {
+			prefix = remotefile.Folder(u)
+		}
+		return "--allow-backing-outside=" + prefix + " follows it"
 	case errors.Is(err, qcow2.ErrUnsupported) && strings.Contains(err.Error(), "corrupt"):
 		return "--allow-corrupt"
 	case errors.Is(err, qcow2.ErrBudget):

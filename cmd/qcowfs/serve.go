@@ -15,6 +15,7 @@ import (
 
 	"github.com/qcowfs/qcowfs/fs"
 	"github.com/qcowfs/qcowfs/qcow2"
+	"github.com/qcowfs/qcowfs/remote"
 )
 
 // serve mounts and serves until unmounted. ready, if not nil, is the pipe
@@ -54,6 +55,15 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 		Writable:     c.Writable,
 		Hint:         refusalHint,
 	}
+	if remote.IsURL(c.Source) {
+		client, err := c.client(logger)
+		if err != nil {
+			return err
+		}
+		defer client.Close()
+		cfg.Remote, cfg.RemoteRefresh = client, c.RemoteRefresh
+		_, cfg.AllowBackingURLs = splitAllowed(c.AllowBackingOutside)
+	}
 	cfg.Image.Cache = qcow2.NewCache(int64(c.L2CacheSize), int64(c.CacheSize))
 	cfg.Image.Budget = qcow2.NewBudget(int64(c.MetadataMemory))
 	if c.ReadPath == "copy" {
@@ -68,7 +78,7 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	opts.Debug = c.Debug
 	opts.Logger = log.New(dest.out, "", log.LstdFlags)
 	opts.MountOptions.Logger = opts.Logger
-	opts.FsName = c.Source
+	opts.FsName = shownSource(c.Source)
 	if c.FSName != "" {
 		opts.FsName = c.FSName
 	}
@@ -103,7 +113,7 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 			logger.Warn("cannot raise the kernel readahead; sequential reads will be slower", "err", err)
 		}
 	}
-	logger.Info("mounted", "source", c.Source, "mountpoint", c.Mountpoint, "pid", os.Getpid(), "log", dest.where)
+	logger.Info("mounted", "source", shownSource(c.Source), "mountpoint", c.Mountpoint, "pid", os.Getpid(), "log", dest.where)
 
 	// The images the first scan refused, and the tree's counters.
 	var refused refusalLister = root
@@ -115,7 +125,7 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	for _, line := range refusalLines(refused) {
 		say("%s", line)
 	}
-	facts := mountFacts{Source: c.Source, Mountpoint: c.Mountpoint, PID: os.Getpid(), Started: started, Log: dest.where}
+	facts := mountFacts{Source: shownSource(c.Source), Mountpoint: c.Mountpoint, PID: os.Getpid(), Started: started, Log: dest.where}
 	stopControl, err := startControl(c.Mountpoint, func() any { return facts.status(refused, stats) }, logger)
 	if err != nil {
 		logger.Warn("no control socket; qcowfs status will not answer", "err", err)

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/qcowfs/qcowfs/internal/remotefile"
+	"github.com/qcowfs/qcowfs/qcow2"
+	"github.com/qcowfs/qcowfs/remote"
+)
+
+// Remote images: the flags of package remote's Options, shared by mount,
+// info, map and check, which all take http://, https:// and s3:// URLs
+// where they take an image file.
+
+// remoteFlags map one to one onto remote.Options.
+type remoteFlags struct {
+	S3Endpoint        string        `name:"s3-endpoint" placeholder:"URL" help:"For s3:// URLs: the endpoint of an S3-compatible store (MinIO, Ceph RGW, versitygw) instead of AWS; buckets there are addressed by path unless --s3-virtual-host."`
+	S3Region          string        `name:"s3-region" placeholder:"REGION" help:"For s3:// URLs: the region to sign for. Default: the AWS configuration (AWS_REGION, the profile), else us-east-1."`
+	S3VirtualHost     bool          `name:"s3-virtual-host" help:"With --s3-endpoint: address buckets as BUCKET.endpoint rather than endpoint/BUCKET."`
+	RemoteConnections int           `default:"8" placeholder:"N" help:"Remote images: the most range requests in flight at once (default: ${default})."`
+	RemoteChunkSize   byteSize      `default:"256K" placeholder:"SIZE" help:"Remote images: the unit of caching and the smallest range fetched, a power of two from 4K to 16M (default: ${default})."`
+	RemoteCacheSize   byteSize      `default:"128M" placeholder:"SIZE" help:"Remote images: memory for fetched chunks, shared by all remote images (default: ${default})."`
+	RemoteTimeout     time.Duration `default:"30s" placeholder:"DURATION" help:"Remote images: a read (or open, or listing) that cannot be served in this time, retries included, fails with EIO (default: ${default})."`
+	CacheDir          string        `placeholder:"DIR" help:"Remote images: also keep fetched chunks on disk under DIR, bounded by the cache dir size below; later mounts find them there."`
+	CacheDirSize      byteSize      `default:"1G" placeholder:"SIZE" help:"Remote images: the most bytes the disk cache keeps (default: ${default})."`
+	CAFile            string        `name:"ca-file" placeholder:"PATH" help:"Remote images: trust the CA certificates in this PEM file for https (an https S3 endpoint too), besides the system CAs."`
+}
+
+// absPaths makes the path flags absolute.
+func (r *remoteFlags) absPaths() error {
+	for _, p := range []*string{&r.CacheDir, &r.CAFile} {
+		if *p == "" {
+			continue
+		}
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return err
+		}
+		*p = abs
+	}
+	return nil
+}
+
+// options are the remote.Options the flags say.
+func (r *remoteFlags) options(log *slog.Logger) remote.Options {
+	return remote.Options{
+		Connections:   r.RemoteConnections,
+		ChunkSize:     int64(r.RemoteChunkSize),
+		CacheSize:     int64(r.RemoteCacheSize),
+		CacheDir:      r.CacheDir,
+		CacheDirSize:  int64(r.CacheDirSize),
+		Timeout:       r.RemoteTimeout,
+		CAFile:        r.CAFile,
+		S3Endpoint:    r.S3Endpoint,
+		S3VirtualHost: r.S3VirtualHost,
+		S3Region:      r.S3Region,
+		Log:           log,
+	}
+}
+
+// client makes the remote client the flags say. Its messages go to log
+// (nil: nowhere).
+func (r *remoteFlags) client(log *slog.Logger) (*remote.Client, error) {
+	if err := r.absPaths(); err != nil {
+		return nil, err
+	}
+	c, err := remote.NewClient(context.Background(), r.options(log))
+	if err != nil {
+		return nil, fmt.Errorf("remote options: %w", err)
+	}
+	return c, nil
+}
+
+// splitAllowed separates the --allow-backing-outside values into local
+// folders and URL prefixes.
+func splitAllowed(all []string) (dirs, urls []string) {
+	for _, a := range all {
+		if remote.IsURL(a) {
+			urls = append(urls, a)
+		} else {
+			dirs = append(dirs, a)
+		}
+	}
+	return dirs, urls
+}
+
+// openRemoteImage opens the qcow2 image at url with its backing chain,
+// whose files must lie in the image's folder or under one of allowed.
+func openRemoteImage(c *remote.Client, url string, opts qcow2.Options, allowed []string) (*qcow2.Image, error) {
+	ctx := context.Background()
+	f, err := remotefile.Open(ctx, c, url)
+	if err != nil {
+		return nil, err
+	}
+	var magic [4]byte
+	if n, _ := f.ReadAt(magic[:], 0); n != 4 || binary.BigEndian.Uint32(magic[:]) != qcow2.Magic {
+		f.Close()
+		return nil, fmt.Errorf("%s: not a qcow2 image (remote images must be qcow2)", f.Name())
+	}
+	opts.AllowedDirs = nil
+	opts.Opener = &remotefile.Opener{
+		OpenURL: func(ctx context.Context, u string) (*remotefile.File, error) { return remotefile.Open(ctx, c, u) },
+		Allowed: append([]string{remotefile.Folder(url)}, allowed...),
+	}
+	return qcow2.NewImage(f, opts)
+}
+
+// shownSource is the source as messages and mount tables show it: a URL
+// without credentials.
+func shownSource(src string) string {
+	if remote.IsURL(src) {
+		return remote.Redact(src)
+	}
+	return src
+}
