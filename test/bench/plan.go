@@ -71,16 +71,18 @@ func (b *bench) plan() []*workload {
 	} else {
 		p = b.fullPlan()
 	}
-	if len(b.cfg.only) == 0 {
-		return p
+	matches := func(w *workload, prefixes []string) bool {
+		for _, o := range prefixes {
+			if o != "" && strings.HasPrefix(w.id, o) {
+				return true
+			}
+		}
+		return false
 	}
 	var out []*workload
 	for _, w := range p {
-		for _, o := range b.cfg.only {
-			if o != "" && strings.HasPrefix(w.id, o) {
-				out = append(out, w)
-				break
-			}
+		if (len(b.cfg.only) == 0 || matches(w, b.cfg.only)) && !matches(w, b.cfg.skip) {
+			out = append(out, w)
 		}
 	}
 	return out
@@ -311,15 +313,15 @@ func (b *bench) writePlan(quick bool) []*workload {
 			metrics: []metric{
 				{id: "mbps", unit: mbps, short: "64K writes at 1K offset", title: "64 KiB writes at a 1 KiB offset, 1 GiB in all, into an empty 8 GiB image: MB/s"},
 				{id: "host", unit: factor, short: "64K writes at 1K offset, host bytes per guest byte",
-					title: "the same: bytes written to the host per guest byte (write_bytes of /proc/PID/io; target at most 1.1x: no zeros written for empty copy-on-write areas)"},
+					title: "the same: bytes written to the host per guest byte (wchar of /proc/PID/io; target at most 1.1x: no zeros written for empty copy-on-write areas)"},
 			},
 			measure: measureCow,
 			write:   &writeSpec{size: 8 * gib, fio: cowJob, image: empty, verify: verifyCow},
 			what: fmt.Sprintf("Through a file: `fio %s --filename=FILE` (4 sequential writers, each 256 MiB from 1 KiB + N × 256 MiB). "+
 				"qemu-img bench: `qemu-img %s` on the image itself (the same 16384 writes, one stream at queue depth 64, host O_DIRECT), "+
-				"qemu's write path without FUSE. MB/s = 1 GiB / wall time of the command. Host bytes: write_bytes of the daemon's /proc/PID/io "+
-				"(counted when a page is dirtied or a direct write issued); for the raw file and qemu-img bench, of a shell around the command "+
-				"(a reaped child's counts go to its parent). Checked: fio's blocks as in the random writes; qemu-img bench's pattern byte over exactly "+
+				"qemu's write path without FUSE. MB/s = 1 GiB / wall time of the command. Host bytes: wchar of the daemon's /proc/PID/io "+
+				"(bytes passed to write system calls: host writes, and 24-byte FUSE replies); for the raw file and qemu-img bench, of a shell around the command "+
+				"(a reaped child's counts go to its parent; fio's and qemu-img's own output is a few KiB). Checked: fio's blocks as in the random writes; qemu-img bench's pattern byte over exactly "+
 				"the range written, zeros elsewhere.", strings.Join(cowJob, " "), strings.Join(qemuImgBenchArgs("IMG"), " ")),
 		},
 		{

@@ -440,12 +440,14 @@ func (b *bench) remoteWorkloads(rtts []time.Duration, quick bool) []*workload {
 			tag = fmt.Sprintf("rtt%d", rtt.Milliseconds())
 		}
 		where := spec.label()
-		// A cap for the slow readers (qemu's export reads one FUSE
-		// request at a time, each a range request: at 20 ms RTT, 2 GiB
-		// in 128 KiB requests would take over five minutes).
-		limit := 60 * time.Second
+		// A cap for the slow readers: qemu's export reads one FUSE
+		// request at a time, each a range request (at 20 ms RTT, 2 GiB
+		// in 128 KiB requests would take over five minutes), and in
+		// trial runs did not finish the sparse copy or the guest read
+		// within 60 s even over loopback.
+		limit := 30 * time.Second
 		if quick {
-			limit = 20 * time.Second
+			limit = 15 * time.Second
 		}
 		na := map[string]string{}
 		if !b.qcowfsHasRemote() {

@@ -302,6 +302,13 @@ func (b *bench) markdownSummary() string {
 					best = id
 				}
 			}
+			// A peer that only timed out is still the comparison, as a
+			// bound, when no peer finished.
+			for _, id := range res.w.who {
+				if best == "" && contestantByID(id).role == peer && all[id].onlyTimeout {
+					best = id
+				}
+			}
 			bestCell, bestRatio := "", ""
 			if best != "" {
 				bestCell = contestantByID(best).label + ": " + show(best)

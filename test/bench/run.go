@@ -167,7 +167,7 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 			res.fail(id, fmt.Sprintf("n/a: %s is not installed (package %s)", c.tool, c.pkg))
 			continue
 		}
-		if c.expose == nil {
+		if c.expose == nil || w.freshExposure {
 			continue
 		}
 		expose(id)
@@ -182,16 +182,23 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 				return res
 			}
 			c := contestantByID(id)
-			// A fresh exposure for every run: a daemon's own caches
-			// (a remote mount's chunk cache) must not serve the
-			// next run.
-			if w.freshExposure && run > 1 && c.expose != nil {
-				closeExposure(id)
+			// A fresh exposure for every run, made just before it and
+			// closed right after: a daemon's own caches (a remote
+			// mount's chunk cache) must not serve the next run, and no
+			// idle daemon works in the background (or fetches) while
+			// another contestant is measured.
+			if w.freshExposure && c.expose != nil {
 				if !expose(id) {
 					continue
 				}
 			}
 			samples, err := w.measure(b, w, c, exps[id], run)
+			if w.freshExposure && c.expose != nil {
+				if errors.Is(err, errTimedOut) {
+					exps[id].hung = true
+				}
+				closeExposure(id)
+			}
 			if b.ctx.Err() != nil {
 				return res
 			}

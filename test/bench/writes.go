@@ -404,8 +404,11 @@ func procCPU(pid int) (time.Duration, bool) {
 }
 
 // procWriteBytes is what a process (with its exited threads and reaped
-// children) has caused to be written to storage: write_bytes of
-// /proc/PID/io, counted when a page is dirtied or a direct write issued.
+// children) has passed to write system calls: wchar of /proc/PID/io.
+// Not write_bytes, which counts a page once when it is dirtied: zeros
+// written into a page that a write of data dirties again before
+// writeback would not show. wchar also counts a daemon's replies to
+// /dev/fuse, 24 bytes per write request here, under 0.1% of 64 KiB.
 func procWriteBytes(pid int) (int64, bool) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
 	if err != nil {
@@ -416,7 +419,7 @@ func procWriteBytes(pid int) (int64, bool) {
 
 func parseWriteBytes(io string) (int64, bool) {
 	for _, line := range strings.Split(io, "\n") {
-		if v, ok := strings.CutPrefix(line, "write_bytes:"); ok {
+		if v, ok := strings.CutPrefix(line, "wchar:"); ok {
 			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 			return n, err == nil
 		}
