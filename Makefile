@@ -90,7 +90,7 @@ BENCH_FLAGS ?=
 bench-deps:
 	@scripts/deps.sh $(BENCH_PKGS)
 
-bench: bench-deps build        # the full suite, 20 to 25 minutes (docs/benchmarks.md)
+bench: bench-deps build        # the full suite, about 45 minutes idle (docs/benchmarks.md; BENCH_FLAGS="--skip r-" for 30)
 	$(GO) run ./test/bench --build=false --bin $(BIN) $(BENCH_FLAGS)
 
 bench-quick: bench-deps build  # a subset in under 3 minutes

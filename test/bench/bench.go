@@ -48,6 +48,9 @@ type bench struct {
 	// verified names, per "contestant image", the workload where a copy
 	// of that contestant was found equal to the raw twin (measureCopy).
 	verified map[string]string
+	// net is the HTTP server and delaying proxies of the remote
+	// workloads (remote.go), started by the first of them.
+	net *remoteNet
 }
 
 func newBench(ctx context.Context, cfg config, repo string) (*bench, error) {
@@ -145,9 +148,17 @@ func (b *bench) main() error {
 	}
 	var need []*image
 	for _, w := range plan {
-		im := imageByName(w.image)
-		if !slices.Contains(need, im) {
-			need = append(need, im)
+		names := []string{w.image}
+		if w.write != nil {
+			names = w.write.uses
+		}
+		for _, n := range names {
+			if n == "" {
+				continue
+			}
+			if im := imageByName(n); !slices.Contains(need, im) {
+				need = append(need, im)
+			}
 		}
 	}
 	if err := b.buildImages(need); err != nil {
@@ -412,6 +423,9 @@ func (b *bench) tmpfsDir() string { return filepath.Join(b.cfg.work, "tmpfs") }
 
 // imageRoot is the folder holding img/ and raw/ that w reads.
 func (b *bench) imageRoot(w *workload) string {
+	if w.remote != nil {
+		return b.remoteURL(w)
+	}
 	if w.tmpfs {
 		return b.tmpfsDir()
 	}

@@ -40,6 +40,12 @@ type contestant struct {
 	// as a raw file; nil for contestants that only copy (qemu-img
 	// convert).
 	expose func(b *bench, im *image, root string) (*exposure, error)
+	// exposeW makes a write workload's fresh image writable as a raw
+	// file (writes.go); nil for contestants that do not write through a
+	// file (qemu-img bench writes the image itself).
+	exposeW func(b *bench, t *target) (*exposure, error)
+	// howW and noteW describe exposeW for the report, when it differs.
+	howW, noteW string
 }
 
 // qemuMallocTuned is the environment of the "tuned" qemu export: qemu
@@ -54,12 +60,22 @@ var contestants = []*contestant{
 		how:    "qcowfs mount --log-file LOG DIR MNT",
 		note:   "DIR holds just the image; the file read is MNT/NAME.raw; `qcowfs unmount MNT` at the end. Default options.",
 		expose: exposeQcowfs,
+		howW:   "qcowfs mount --writable --log-file LOG DIR MNT",
+		noteW:  "Write workloads: the same with --writable; the file written is MNT/NAME.raw.",
+		exposeW: func(b *bench, t *target) (*exposure, error) {
+			return mountQcowfs(b, filepath.Dir(t.img), t.name, "--writable")
+		},
 	},
 	{
 		id: "qemu", label: "qemu export", role: peer, tool: "qemu-storage-daemon", pkg: "qemu-system-common",
 		how:    qemuExportHow(""),
 		note:   qemuNote,
 		expose: func(b *bench, im *image, root string) (*exposure, error) { return exposeQemu(b, im, root, "") },
+		howW:   qemuExportHowW(""),
+		noteW:  qemuNoteW,
+		exposeW: func(b *bench, t *target) (*exposure, error) {
+			return exposeQemuImg(b, t.img, "qemu", "", true)
+		},
 	},
 	{
 		id: "qemu-tuned", label: "qemu export, tuned", role: peer, tool: "qemu-storage-daemon", pkg: "qemu-system-common",
@@ -67,6 +83,11 @@ var contestants = []*contestant{
 		note: qemuNote + " glibc's mmap threshold pinned at 64 MiB: no mmap/munmap per read buffer.",
 		expose: func(b *bench, im *image, root string) (*exposure, error) {
 			return exposeQemu(b, im, root, qemuMallocTuned)
+		},
+		howW:  qemuExportHowW(qemuMallocTuned),
+		noteW: qemuNoteW + " The same malloc tuning.",
+		exposeW: func(b *bench, t *target) (*exposure, error) {
+			return exposeQemuImg(b, t.img, "qemu-tuned", qemuMallocTuned, true)
 		},
 	},
 	{
@@ -80,11 +101,46 @@ var contestants = []*contestant{
 		how:    "RAW",
 		note:   "The raw twin read directly: the same bytes, no FUSE, no qcow2. The ceiling.",
 		expose: exposeRaw,
+		howW:   "RAW",
+		noteW:  "Write workloads: a fresh raw file of the same virtual size (sparse, or fully allocated where the image is), written directly with the same O_DIRECT flags: no FUSE, no qcow2. The ceiling.",
+		exposeW: func(b *bench, t *target) (*exposure, error) {
+			return &exposure{file: t.img}, nil
+		},
 	},
 	{
 		id: "convert", label: "qemu-img convert", role: baseline, tool: "qemu-img", pkg: "qemu-utils",
 		how:  "qemu-img convert -O raw IMG OUT",
 		note: "Copy workloads only; OUT is on the same file system as the copies.",
+	},
+	{
+		id: "qemu-img-bench", label: "qemu-img bench (no FUSE)", role: baseline, tool: "qemu-img", pkg: "qemu-utils",
+		how:  "qemu-img bench -w -t none -f qcow2 ... IMG",
+		note: "Write workloads only: qemu's own write path on the image file, without FUSE (the arguments are in each workload).",
+	},
+	// The remote workloads' contestants (remote.go): URL is the image's
+	// http:// URL, through the bench's proxy.
+	{
+		id: "qcowfs-remote", label: "qcowfs", role: subject, tool: "qcowfs",
+		how:    "qcowfs mount --log-file LOG URL MNT",
+		note:   "Remote workloads: the image's URL mounted; the file read is MNT/NAME.raw. Default options (caches, connections, readahead).",
+		expose: exposeQcowfsRemote,
+	},
+	{
+		id: "qemu-http", label: "qemu export over curl", role: peer, tool: "qemu-storage-daemon", pkg: "qemu-system-common",
+		how: "qemu-storage-daemon --blockdev driver=http,node-name=file0,url=URL,read-only=on " +
+			"--blockdev driver=qcow2,node-name=fmt0,file=file0,read-only=on --export type=fuse,id=exp0,node-name=fmt0,mountpoint=MNT,writable=off",
+		note:   "Remote workloads: qemu's curl driver (package qemu-block-extra) under its FUSE export; the curl driver's defaults (256 KiB readahead).",
+		expose: exposeQemuHTTP,
+	},
+	{
+		id: "convert-http", label: "qemu-img convert over curl", role: baseline, tool: "qemu-img", pkg: "qemu-utils",
+		how:  "qemu-img convert -f qcow2 -O raw URL OUT",
+		note: "Remote copy workloads: qemu's curl driver, no FUSE.",
+	},
+	{
+		id: "curl", label: "curl (whole file)", role: baseline, tool: "curl", pkg: "curl",
+		how:  "curl -sS --fail -o OUT URL",
+		note: "Remote copy workloads: the naive baseline, downloading the whole qcow2 file (which then still needs converting).",
 	},
 	// The check workload's two contestants are commands, not mounts, like
 	// qemu-img convert: measureCheck runs them on the image itself.
@@ -102,6 +158,20 @@ var contestants = []*contestant{
 
 const qemuNote = "MNT is an empty regular file; the daemon runs in the background and is stopped with SIGTERM. " +
 	"read-only=on: two exports and qemu-img convert open the same image, and qemu's image locking refuses a second opener of a read-write node."
+
+const qemuNoteW = "Write workloads: read-write nodes, writable=on; the image is opened by this daemon only. discard=unmap on both nodes: " +
+	"with qemu's default (discard=ignore) fstrim and mkfs's discard are accepted and dropped, and the image gives no space back (measured: 390 MiB before and after fstrim). " +
+	"Stopped with SIGTERM, which flushes and closes the image cleanly."
+
+func qemuExportHowW(env string) string {
+	s := "qemu-storage-daemon --blockdev driver=file,node-name=file0,filename=IMG,aio=threads,discard=unmap " +
+		"--blockdev driver=qcow2,node-name=fmt0,file=file0,discard=unmap " +
+		"--export type=fuse,id=exp0,node-name=fmt0,mountpoint=MNT,writable=on"
+	if env != "" {
+		s = env + " " + s
+	}
+	return s
+}
 
 func qemuExportHow(env string) string {
 	s := "qemu-storage-daemon --blockdev driver=file,node-name=file0,filename=IMG,aio=threads,read-only=on " +
@@ -132,7 +202,8 @@ type exposure struct {
 	// image; later ones undo what prepare added on top (a loop device,
 	// a guest mount).
 	undos []*undo
-	guest string // where the guest file system is mounted, if it is
+	guest string  // where the guest file system is mounted, if it is
+	t     *target // the image a write workload writes (writes.go)
 	// hung is set once a command on this exposure timed out: it is not
 	// used again and its connection is aborted at teardown.
 	hung bool
@@ -196,14 +267,20 @@ func (b *bench) checkExposed(e *exposure, size int64) error {
 }
 
 func exposeQcowfs(b *bench, im *image, root string) (*exposure, error) {
+	return mountQcowfs(b, filepath.Join(root, "img", im.name), im.name)
+}
+
+// mountQcowfs mounts the folder src, which holds the image name, with the
+// extra flags.
+func mountQcowfs(b *bench, src, name string, flags ...string) (*exposure, error) {
 	mnt, err := b.mountDir("qcowfs", false)
 	if err != nil {
 		return nil, err
 	}
-	e := &exposure{mnt: mnt, file: filepath.Join(mnt, im.name+".raw")}
-	src := filepath.Join(root, "img", im.name)
+	e := &exposure{mnt: mnt, file: filepath.Join(mnt, name+".raw")}
 	log := b.logPath(filepath.Base(mnt))
-	_, err = b.must(&cmd{name: b.cfg.bin, args: []string{"mount", "--log-file", log, src, mnt}, timeout: time.Minute})
+	args := append(append([]string{"mount"}, flags...), "--log-file", log, src, mnt)
+	_, err = b.must(&cmd{name: b.cfg.bin, args: args, timeout: time.Minute})
 	if err != nil {
 		b.forceUnmount(mnt)
 		os.Remove(mnt)
@@ -243,19 +320,42 @@ func exposeQemu(b *bench, im *image, root, env string) (*exposure, error) {
 	if env != "" {
 		id = "qemu-tuned"
 	}
+	return exposeQemuImg(b, filepath.Join(root, "img", im.name, im.name+".qcow2"), id, env, false)
+}
+
+// exposeQemuImg exports img with qemu-storage-daemon, read-only or
+// writable.
+func exposeQemuImg(b *bench, img, id, env string, writable bool) (*exposure, error) {
+	node := "driver=file,node-name=file0,filename=" + img + ",aio=threads,read-only=on"
+	if writable {
+		node = "driver=file,node-name=file0,filename=" + img + ",aio=threads,discard=unmap"
+	}
+	return exposeQemuNode(b, id, env, node, writable)
+}
+
+// exposeQemuNode exports a qcow2 node over the protocol node fileNode
+// (named file0: a local file, or an HTTP URL).
+func exposeQemuNode(b *bench, id, env, fileNode string, writable bool) (*exposure, error) {
 	file, err := b.mountDir(id, true)
 	if err != nil {
 		return nil, err
 	}
-	img := filepath.Join(root, "img", im.name, im.name+".qcow2")
-	// read-only=on: during a workload the same image is open in two
+	// read-only=on: during a read workload the same image is open in two
 	// exports (default and tuned) and in qemu-img convert; a read-write
 	// node would take qemu's exclusive write lock and the second opener
-	// would fail. The export is read-only anyway (writable=off).
+	// would fail. The export is read-only anyway (writable=off). A write
+	// workload's image is this daemon's alone.
 	args := []string{
-		"--blockdev", "driver=file,node-name=file0,filename=" + img + ",aio=threads,read-only=on",
+		"--blockdev", fileNode,
 		"--blockdev", "driver=qcow2,node-name=fmt0,file=file0,read-only=on",
 		"--export", "type=fuse,id=exp0,node-name=fmt0,mountpoint=" + file + ",writable=off",
+	}
+	if writable {
+		args = []string{
+			"--blockdev", fileNode,
+			"--blockdev", "driver=qcow2,node-name=fmt0,file=file0,discard=unmap",
+			"--export", "type=fuse,id=exp0,node-name=fmt0,mountpoint=" + file + ",writable=on",
+		}
 	}
 	logf, err := os.Create(b.logPath(filepath.Base(file)))
 	if err != nil {

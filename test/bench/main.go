@@ -40,6 +40,7 @@ import (
 type config struct {
 	quick      bool
 	runs       int
+	runsSet    bool          // --runs was given: it holds for every workload
 	work       string        // images, mounts, logs, outputs
 	bin        string        // the qcowfs binary
 	build      bool          // run `make build` first
@@ -47,6 +48,7 @@ type config struct {
 	timeout    time.Duration // per command
 	fioTime    time.Duration
 	only       []string // workload ids (prefixes) to run; empty: all of the plan
+	skip       []string // workload ids (prefixes) to leave out
 	imagesOnly bool     // build the images and stop
 	strace     bool     // run the untimed strace passes (syscalls.go)
 }
@@ -62,7 +64,7 @@ func run() int {
 		return 1
 	}
 	var cfg config
-	var only string
+	var only, skip string
 	defaultWork := os.Getenv("QCOWFS_BENCH_WORK")
 	if defaultWork == "" {
 		defaultWork = filepath.Join(repo, ".work", "bench")
@@ -78,11 +80,13 @@ func run() int {
 	flag.BoolVar(&cfg.imagesOnly, "images-only", false, "build the images the plan needs, then stop")
 	flag.BoolVar(&cfg.strace, "strace", true, "count the daemons' host syscalls in one untimed strace run after the timed ones (about 3 minutes of a full run)")
 	flag.StringVar(&only, "only", "", "comma-separated workload ids (or prefixes) to run, e.g. dd-plain,cp-")
+	flag.StringVar(&skip, "skip", "", "comma-separated workload ids (or prefixes) to leave out, e.g. r- (the remote workloads) or w- (the writes)")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "bench: unexpected arguments %q\n", flag.Args())
 		return 2
 	}
+	cfg.runsSet = cfg.runs > 0
 	if cfg.runs == 0 {
 		cfg.runs = 5
 		if cfg.quick {
@@ -91,6 +95,9 @@ func run() int {
 	}
 	if only != "" {
 		cfg.only = strings.Split(only, ",")
+	}
+	if skip != "" {
+		cfg.skip = strings.Split(skip, ",")
 	}
 	if cfg.work, err = filepath.Abs(cfg.work); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

@@ -52,7 +52,7 @@ func summarize(ss []sample, u unit) (st stats, ok bool) {
 		return st, false
 	}
 	st.med, st.medS = median(vals), median(secs)
-	if u == seconds {
+	if u.lowerBetter() {
 		st.lo, st.hi = slices.Max(vals), slices.Min(vals)
 	} else {
 		st.lo, st.hi = slices.Min(vals), slices.Max(vals)
@@ -73,7 +73,7 @@ func median(v []float64) float64 {
 
 // better reports whether a is better than b in unit u.
 func better(u unit, a, b float64) bool {
-	if u == seconds {
+	if u.lowerBetter() {
 		return a < b
 	}
 	return a > b
@@ -86,6 +86,12 @@ func cell(u unit, v, s float64) string {
 		return fmt.Sprintf("%s MB/s (%.2f s)", num(v), s)
 	case iops:
 		return fmt.Sprintf("%s IOPS", num(v))
+	case millis:
+		return fmt.Sprintf("%s ms", num(v))
+	case micros:
+		return fmt.Sprintf("%s µs", num(v))
+	case factor:
+		return fmt.Sprintf("%.2fx", v)
 	}
 	return fmt.Sprintf("%.2f s", v)
 }
@@ -118,7 +124,7 @@ func ratio(u unit, q, r stats) string {
 }
 
 func ratioHeader(u unit) string {
-	if u == seconds {
+	if u.lowerBetter() {
 		return "qcowfs ÷ row (< 1: qcowfs faster)"
 	}
 	return "qcowfs ÷ row (> 1: qcowfs faster)"
@@ -174,7 +180,7 @@ func (b *bench) markdownTable(res *wlResult, m metric) (string, table) {
 	q := all[subj]
 	fmt.Fprintf(&sb, "#### %s\n\n", escapeCell(m.title))
 	bestHdr := "median"
-	if m.unit == seconds {
+	if m.unit.lowerBetter() {
 		bestHdr = "median (lower is better)"
 	} else {
 		bestHdr = "median (higher is better)"
@@ -198,8 +204,8 @@ func (b *bench) markdownTable(res *wlResult, m metric) (string, table) {
 		if status != "" && (st.n > 0 || st.onlyTimeout) {
 			notes = append(notes, status)
 		}
-		if st.n > 0 && st.n < b.cfg.runs && !st.timedOut && status == "" {
-			notes = append(notes, fmt.Sprintf("%d of %d runs", st.n, b.cfg.runs))
+		if st.n > 0 && st.n < b.runsOf(w) && !st.timedOut && status == "" {
+			notes = append(notes, fmt.Sprintf("%d of %d runs", st.n, b.runsOf(w)))
 		}
 		switch {
 		case st.onlyTimeout:
@@ -239,7 +245,11 @@ func (b *bench) markdownTable(res *wlResult, m metric) (string, table) {
 func (b *bench) markdownWorkload(res *wlResult) string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "### %s\n\n", res.w.title)
-	fmt.Fprintf(&sb, "Image `%s`. %s Took %s (load average %.1f at the start).\n\n", res.w.image, res.w.what, res.elapsed.Round(time.Second), res.load)
+	img := fmt.Sprintf("Image `%s`.", res.w.image)
+	if res.w.write != nil {
+		img = res.w.write.image
+	}
+	fmt.Fprintf(&sb, "%s %s Took %s (load average %.1f at the start, %d runs).\n\n", img, res.w.what, res.elapsed.Round(time.Second), res.load, b.runsOf(res.w))
 	for _, m := range res.w.metrics {
 		s, _ := b.markdownTable(res, m)
 		sb.WriteString(s)
@@ -252,10 +262,13 @@ func (b *bench) markdownWorkload(res *wlResult) string {
 // the baselines.
 func (b *bench) markdownSummary() string {
 	var sb strings.Builder
-	sb.WriteString("| workload | qcowfs | best peer | qcowfs ÷ best peer | raw file | qcowfs ÷ raw | qemu-img convert | qcowfs ÷ convert |\n")
+	sb.WriteString("| workload | qcowfs | best peer | qcowfs ÷ best peer | raw file (remote: curl) | qcowfs ÷ raw | qemu-img convert / bench | qcowfs ÷ qemu-img |\n")
 	sb.WriteString("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, res := range b.results {
 		for _, m := range res.w.metrics {
+			if m.detail {
+				continue
+			}
 			all := map[string]stats{}
 			for _, id := range res.w.who {
 				all[id], _ = summarize(res.samples[m.id][id], m.unit)
@@ -289,6 +302,13 @@ func (b *bench) markdownSummary() string {
 					best = id
 				}
 			}
+			// A peer that only timed out is still the comparison, as a
+			// bound, when no peer finished.
+			for _, id := range res.w.who {
+				if best == "" && contestantByID(id).role == peer && all[id].onlyTimeout {
+					best = id
+				}
+			}
 			bestCell, bestRatio := "", ""
 			if best != "" {
 				bestCell = contestantByID(best).label + ": " + show(best)
@@ -300,12 +320,24 @@ func (b *bench) markdownSummary() string {
 				}
 				return ratio(m.unit, q, all[id])
 			}
+			// The baseline columns: the raw file (or, remote, curl's
+			// download) and qemu-img (convert, bench, or convert over
+			// curl).
+			raw, qi := "raw", "convert"
+			if slices.Contains(res.w.who, "curl") {
+				raw = "curl"
+			}
+			for _, id := range []string{"qemu-img-bench", "convert-http"} {
+				if slices.Contains(res.w.who, id) {
+					qi = id
+				}
+			}
 			fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", escapeCell(m.short), show(subj), bestCell, bestRatio,
-				show("raw"), rr("raw"), show("convert"), rr("convert"))
+				show(raw), rr(raw), show(qi), rr(qi))
 		}
 	}
-	sb.WriteString("\nRatios are qcowfs's median divided by the other's, in the row's unit: for MB/s and IOPS above 1 means qcowfs is faster, for seconds below 1 does. ")
-	sb.WriteString("Peers are the other FUSE readers (qemu's export, default and tuned, and qcowmount) and, for check, qemu-img check; the raw file and qemu-img convert are baselines without FUSE. ")
+	sb.WriteString("\nRatios are qcowfs's median divided by the other's, in the row's unit: for MB/s and IOPS above 1 means qcowfs is faster, for seconds, latencies, CPU per I/O and bytes per byte below 1 does. ")
+	sb.WriteString("Peers are the other FUSE readers and writers (qemu's export, default and tuned, and qcowmount) and, for check, qemu-img check; the raw file, qemu-img convert and qemu-img bench are baselines without FUSE. ")
 	sb.WriteString("\"page cache\": the warm read found the file in the page cache (fincore, after the cold read); a daemon that keeps the page cache between opens (FOPEN_KEEP_CACHE) is read from memory, one that has it dropped at every open is asked again for every byte.\n")
 	return sb.String()
 }
@@ -352,7 +384,7 @@ func (b *bench) writeReport() error {
 	row("caches dropped", mi.Drop)
 	lo, hi := b.loadRange()
 	row("load average", fmt.Sprintf("1, 5, 15 min: %s before the measurements, %s after; 1 min at the start of each workload: %.1f to %.1f", b.loadBefore, loadavg(), lo, hi))
-	row("method", fmt.Sprintf("%d runs per contestant, interleaved (run 1 of every contestant, then run 2, ...); median, worst and best run; ratios computed from the medians of this run", b.cfg.runs))
+	row("method", fmt.Sprintf("%d runs per contestant (%s), interleaved (run 1 of every contestant, then run 2, ...); median, worst and best run; ratios computed from the medians of this run", b.cfg.runs, b.writeRunsNote()))
 	if b.builtNow > 0 {
 		row("images", fmt.Sprintf("built by this run in %s", b.builtNow.Round(time.Second)))
 	} else if man.Total > 0 {
@@ -367,10 +399,16 @@ func (b *bench) writeReport() error {
 	sb.WriteString("\n### Contestants\n\n| contestant | command | notes |\n| --- | --- | --- |\n")
 	for _, c := range contestants {
 		fmt.Fprintf(&sb, "| %s | `%s` | %s |\n", c.label, escapeCell(c.how), escapeCell(c.note))
+		if c.howW != "" {
+			fmt.Fprintf(&sb, "| %s, writing | `%s` | %s |\n", c.label, escapeCell(c.howW), escapeCell(c.noteW))
+		}
 	}
 	sb.WriteString("\n### Images\n\n| image | what | virtual size | qcow2 file (allocated) | raw twin (allocated) |\n| --- | --- | ---: | ---: | ---: |\n")
 	seen := map[string]bool{}
 	for _, res := range b.results {
+		if res.w.image == "" {
+			continue
+		}
 		im := imageByName(res.w.image)
 		if seen[im.name] {
 			continue

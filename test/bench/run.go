@@ -49,6 +49,16 @@ type record struct {
 	PeakRSS int64 `json:"peak_rss_bytes,omitempty"`
 }
 
+func newResult(w *workload) *wlResult {
+	res := &wlResult{w: w, samples: map[string]map[string][]sample{}, status: map[string]string{},
+		skipped: map[string]map[string]string{}, notes: map[string][]string{}, rss: map[string]int64{}}
+	for _, m := range w.metrics {
+		res.samples[m.id] = map[string][]sample{}
+		res.skipped[m.id] = map[string]string{}
+	}
+	return res
+}
+
 func (r *wlResult) fail(id, status string) {
 	if r.status[id] == "" {
 		r.status[id] = status
@@ -69,16 +79,14 @@ func (r *wlResult) statusOf(metric, id string) string {
 // that fails or times out is not run again in this workload; the others go
 // on. Everything is torn down before it returns.
 func (b *bench) runWorkload(w *workload) *wlResult {
-	res := &wlResult{w: w, samples: map[string]map[string][]sample{}, status: map[string]string{},
-		skipped: map[string]map[string]string{}, notes: map[string][]string{}, rss: map[string]int64{}}
-	for _, m := range w.metrics {
-		res.samples[m.id] = map[string][]sample{}
-		res.skipped[m.id] = map[string]string{}
+	if w.write != nil {
+		return b.runWriteWorkload(w)
 	}
+	res := newResult(w)
 	start := time.Now()
 	res.load = load1()
 	defer func() { res.elapsed = time.Since(start) }()
-	b.say("== %s: %s (%d runs)", w.id, w.title, b.cfg.runs)
+	b.say("== %s: %s (%d runs)", w.id, w.title, b.runsOf(w))
 
 	if w.tmpfs || w.outTmpfs {
 		if err := b.ensureTmpfs(w); err != nil {
@@ -90,22 +98,62 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 	}
 	im := imageByName(w.image)
 	exps := map[string]*exposure{}
-	defer func() {
-		// Peak RSS first, while the daemons still run; then tear down,
-		// last exposed first.
-		for id, e := range exps {
-			if n := e.peak(); n > 0 {
-				res.rss[id] = n
-			}
+	// closeExposure records a daemon's peak RSS, while it still runs,
+	// and tears its exposure down.
+	closeExposure := func(id string) {
+		e := exps[id]
+		if e == nil {
+			return
 		}
+		if n := e.peak(); n > 0 {
+			res.rss[id] = max(res.rss[id], n)
+		}
+		for j := len(e.undos) - 1; j >= 0; j-- {
+			b.undo(e.undos[j])
+		}
+		delete(exps, id)
+	}
+	defer func() {
 		for i := len(w.who) - 1; i >= 0; i-- {
-			if e := exps[w.who[i]]; e != nil {
-				for j := len(e.undos) - 1; j >= 0; j-- {
-					b.undo(e.undos[j])
-				}
-			}
+			closeExposure(w.who[i])
 		}
 	}()
+	if w.remote != nil {
+		if err := b.ensureRemote(w); err != nil {
+			for _, id := range w.who {
+				res.fail(id, "failed: "+err.Error())
+			}
+			return res
+		}
+	}
+	// expose makes the image readable through contestant id; false if
+	// it cannot, with the reason in res.
+	expose := func(id string) bool {
+		c := contestantByID(id)
+		e, err := c.expose(b, im, b.imageRoot(w))
+		if err != nil {
+			if why, ok := w.na[id]; ok {
+				fmt.Fprintf(b.log, "%s: %v\n", id, err)
+				res.fail(id, "n/a: "+why)
+			} else {
+				res.fail(id, "failed: "+err.Error())
+			}
+			return false
+		}
+		e.c = c
+		exps[id] = e
+		if err := b.checkExposed(e, mustSize(b, im)); err != nil {
+			res.fail(id, "failed: "+err.Error())
+			return false
+		}
+		if w.prepare != nil {
+			if err := w.prepare(b, w, e); err != nil {
+				res.fail(id, "failed: "+err.Error())
+				return false
+			}
+		}
+		return true
+	}
 	for _, id := range w.who {
 		c := contestantByID(id)
 		if b.ctx.Err() != nil {
@@ -119,34 +167,13 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 			res.fail(id, fmt.Sprintf("n/a: %s is not installed (package %s)", c.tool, c.pkg))
 			continue
 		}
-		if c.expose == nil {
+		if c.expose == nil || w.freshExposure {
 			continue
 		}
-		e, err := c.expose(b, im, b.imageRoot(w))
-		if err != nil {
-			if why, ok := w.na[id]; ok {
-				fmt.Fprintf(b.log, "%s: %v\n", id, err)
-				res.fail(id, "n/a: "+why)
-			} else {
-				res.fail(id, "failed: "+err.Error())
-			}
-			continue
-		}
-		e.c = c
-		exps[id] = e
-		if err := b.checkExposed(e, mustSize(b, im)); err != nil {
-			res.fail(id, "failed: "+err.Error())
-			continue
-		}
-		if w.prepare != nil {
-			if err := w.prepare(b, w, e); err != nil {
-				res.fail(id, "failed: "+err.Error())
-				continue
-			}
-		}
+		expose(id)
 	}
 
-	for run := 1; run <= b.cfg.runs; run++ {
+	for run := 1; run <= b.runsOf(w); run++ {
 		for _, id := range w.who {
 			if res.status[id] != "" {
 				continue
@@ -155,7 +182,23 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 				return res
 			}
 			c := contestantByID(id)
+			// A fresh exposure for every run, made just before it and
+			// closed right after: a daemon's own caches (a remote
+			// mount's chunk cache) must not serve the next run, and no
+			// idle daemon works in the background (or fetches) while
+			// another contestant is measured.
+			if w.freshExposure && c.expose != nil {
+				if !expose(id) {
+					continue
+				}
+			}
 			samples, err := w.measure(b, w, c, exps[id], run)
+			if w.freshExposure && c.expose != nil {
+				if errors.Is(err, errTimedOut) {
+					exps[id].hung = true
+				}
+				closeExposure(id)
+			}
 			if b.ctx.Err() != nil {
 				return res
 			}
@@ -264,6 +307,8 @@ func describeSamples(w *workload, ss []sample) string {
 				out += fmt.Sprintf("%s %.0f MB/s (%.2f s)", m.id, s.value(mbps), s.seconds)
 			case iops:
 				out += fmt.Sprintf("%.0f IOPS", s.ops)
+			case millis, micros, factor:
+				out += m.id + " " + cell(m.unit, s.value(m.unit), s.seconds)
 			default:
 				out += fmt.Sprintf("%.2f s", s.seconds)
 			}
@@ -294,6 +339,15 @@ func (b *bench) timedOutIn(wid, id string) string {
 		}
 	}
 	return ""
+}
+
+// runsOf is the number of runs per contestant in w: the workload's own
+// unless --runs was given.
+func (b *bench) runsOf(w *workload) int {
+	if w.runs > 0 && !b.cfg.runsSet {
+		return min(w.runs, b.cfg.runs)
+	}
+	return b.cfg.runs
 }
 
 func (b *bench) haveTool(c *contestant) bool {

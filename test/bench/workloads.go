@@ -21,11 +21,17 @@ const (
 	mbps    unit = iota // MB/s (10^6 bytes per second), higher is better
 	iops                // operations per second, higher is better
 	seconds             // wall time, lower is better
+	millis              // a latency in milliseconds, lower is better
+	micros              // microseconds (CPU time per I/O), lower is better
+	factor              // a ratio of bytes (host bytes per guest byte), lower is better
 )
 
 func (u unit) String() string {
-	return [...]string{"MB/s", "IOPS", "s"}[u]
+	return [...]string{"MB/s", "IOPS", "s", "ms", "µs", "x"}[u]
 }
+
+// lowerBetter says which way is better in u.
+func (u unit) lowerBetter() bool { return u != mbps && u != iops }
 
 // A metric is one number a workload measures per run and contestant; each
 // metric gets its own table.
@@ -34,6 +40,8 @@ type metric struct {
 	title string // the table's heading
 	short string // its line in the summary
 	unit  unit
+	// detail keeps the metric out of the summary (its table stays).
+	detail bool
 }
 
 // A workload is one thing done to one image by every contestant in turn.
@@ -68,6 +76,19 @@ type workload struct {
 	// syscalls, when set, adds one untimed run after the timed ones that
 	// counts the daemons' system calls on the image file (syscalls.go).
 	syscalls *syscallPass
+	// write, when set, makes this a write workload (writes.go): every
+	// contestant writes into a fresh image of its own instead of
+	// reading a cached one, which is checked after every run.
+	write *writeSpec
+	// remote, when set, makes the image be read over HTTP (remote.go):
+	// imageRoot is then a URL.
+	remote *remoteSpec
+	// freshExposure: every run gets a new mount (a daemon's own cache
+	// must not serve the next run).
+	freshExposure bool
+	// runs overrides the bench's runs per contestant (0: the bench's);
+	// --runs on the command line wins.
+	runs int
 	// what describes the method for the report.
 	what string
 }
@@ -90,6 +111,8 @@ type sample struct {
 	// rss is the peak RSS of the measured command itself (check.go),
 	// for contestants that are commands, not daemons.
 	rss int64
+	// v is the value of a sample in millis, micros or factor.
+	v float64
 }
 
 // value is the sample in its metric's unit.
@@ -99,6 +122,8 @@ func (s sample) value(u unit) float64 {
 		return float64(s.bytes) / s.seconds / 1e6
 	case iops:
 		return s.ops
+	case millis, micros, factor:
+		return s.v
 	}
 	return s.seconds
 }
