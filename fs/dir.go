@@ -20,6 +20,7 @@ import (
 // classified again on its own.
 type dirNode struct {
 	gofs.Inode
+	noXattrs
 	m    *mount
 	rel  string // the source folder, relative to the source root
 	only string // when set, the folder shows only this source entry

@@ -15,6 +15,7 @@ import (
 // has open handles (registry.go).
 type imageNode struct {
 	gofs.Inode
+	noXattrs
 	m     *mount
 	x     *shown // the disk as listed
 	part  int    // a partition number; 0 for the whole disk

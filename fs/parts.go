@@ -38,6 +38,7 @@ func shownPartitions(t *partition.Table) []partition.Partition {
 // partsNode is the folder of one disk's partitions.
 type partsNode struct {
 	gofs.Inode
+	noXattrs
 	m    *mount
 	disk *shown // the partitions folder as listed: its entry, snapshot and table
 }

@@ -13,6 +13,7 @@ import (
 // and read-only.
 type plainNode struct {
 	gofs.Inode
+	noXattrs
 	m   *mount
 	rel string
 	key fileKey
