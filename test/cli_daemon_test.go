@@ -577,20 +577,7 @@ func TestDaemonLogFallbackNotRoot(t *testing.T) {
 		t.Fatal("no user nobody")
 	}
 	uid, _ := strconv.Atoi(nobody.Uid)
-	d := t.TempDir()
-	for _, p := range []string{d, filepath.Dir(d)} {
-		if err := os.Chmod(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bin := filepath.Join(d, "qcowfs")
-	b, err := os.ReadFile(qcowfsBin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	d, bin := binaryForOthers(t)
 	src := cliMkdir(t, d, "images")
 	img, raw := cliImage(t, src, "vm")
 	os.Chmod(img, 0o644)

@@ -141,21 +141,8 @@ func TestCLIErrors(t *testing.T) {
 		if err != nil {
 			t.Skip("no user nobody")
 		}
-		d := t.TempDir()
 		// nobody must reach the binary, the source and the mount point.
-		for _, p := range []string{d, filepath.Dir(d)} {
-			if err := os.Chmod(p, 0o755); err != nil {
-				t.Fatal(err)
-			}
-		}
-		bin := filepath.Join(d, "qcowfs")
-		b, err := os.ReadFile(qcowfsBin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(bin, b, 0o755); err != nil {
-			t.Fatal(err)
-		}
+		d, bin := binaryForOthers(t)
 		src := cliMkdir(t, d, "images")
 		img, _ := cliImage(t, src, "vm")
 		os.Chmod(img, 0o644)
@@ -238,4 +225,26 @@ func TestCLIErrors(t *testing.T) {
 			t.Errorf("the daemon says %q, --foreground %q", msgs[0], msgs[1])
 		}
 	})
+}
+
+// binaryForOthers returns a temporary folder that every user can enter,
+// holding a copy of the qcowfs binary that every user can run: for tests
+// that run qcowfs as another user (nobody).
+func binaryForOthers(t *testing.T) (dir, bin string) {
+	t.Helper()
+	dir = t.TempDir()
+	for _, p := range []string{dir, filepath.Dir(dir)} {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin = filepath.Join(dir, "qcowfs")
+	b, err := os.ReadFile(qcowfsBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir, bin
 }
