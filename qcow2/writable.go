@@ -76,7 +76,7 @@ type writer struct {
 // writeCounters are the writer's counters, atomics so that writes outside
 // mu count too.
 type writeCounters struct {
-	writes, inPlace, allocations, hostBytes, cowBytes, zeroSkipped,
+	writes, inPlace, allocations, hostBytes, cowBytes, zeroSkipped, directBytes,
 	flushes, syncs, tablesFlushed atomic.Int64
 }
 
@@ -167,6 +167,7 @@ type WriteStats struct {
 	HostBytes     int64 `json:"host-bytes"`     // guest data and copy-on-write bytes written to the host
 	CowBytes      int64 `json:"cow-bytes"`      // of them, copied from elsewhere
 	ZeroSkipped   int64 `json:"zero-skipped"`   // copy-on-write bytes not written because they were zeros
+	DirectBytes   int64 `json:"direct-bytes"`   // of the host bytes, written with O_DIRECT (direct.go)
 	Flushes       int64 `json:"flushes"`        // metadata write-backs
 	Syncs         int64 `json:"syncs"`          // fdatasync calls
 	TablesFlushed int64 `json:"tables-flushed"` // L2 tables and refcount blocks written back
@@ -183,7 +184,7 @@ func (img *Image) WriteStats() WriteStats {
 	return WriteStats{
 		Writes: c.writes.Load(), InPlace: c.inPlace.Load(), Allocations: c.allocations.Load(),
 		HostBytes: c.hostBytes.Load(), CowBytes: c.cowBytes.Load(), ZeroSkipped: c.zeroSkipped.Load(),
-		Flushes: c.flushes.Load(), Syncs: c.syncs.Load(), TablesFlushed: c.tablesFlushed.Load(),
+		DirectBytes: c.directBytes.Load(), Flushes: c.flushes.Load(), Syncs: c.syncs.Load(), TablesFlushed: c.tablesFlushed.Load(),
 	}
 }
 
