@@ -21,6 +21,7 @@ type Client struct {
 	cache   *cache
 	disk    *diskCache // nil without CacheDir
 	conns   chan struct{}
+	ahead   chan struct{} // prefetches' share of conns (fetch.go, acquire)
 	st      counters
 
 	// ctx ends with Close; every fetch runs under it.
@@ -63,6 +64,7 @@ func NewClient(ctx context.Context, opts Options) (*Client, error) {
 		http:    &http.Client{Transport: tr},
 		cache:   newCache(opts.ChunkSize, opts.CacheSize),
 		conns:   make(chan struct{}, opts.Connections),
+		ahead:   make(chan struct{}, max(1, opts.Connections-2)),
 		ids:     map[string]*idRef{},
 		objects: map[*Object]struct{}{},
 	}
@@ -104,7 +106,7 @@ func (c *Client) Open(ctx context.Context, rawURL string) (*Object, error) {
 		if err := c.acquire(ctx, false); err != nil {
 			return err
 		}
-		defer c.release()
+		defer c.release(false)
 		var err error
 		m, n, err = c.transfer(ctx, be, 0, [][]byte{buf}, nil, nil)
 		return err

@@ -74,8 +74,9 @@
 //
 // Each Object detects sequential readers (readahead.go) and prefetches
 // ahead of them from their third read on, a window that starts at one
-// chunk and doubles up to MaxReadahead; random readers cause no prefetch. Prefetches only take a
-// connection that is free, so demand reads are never queued behind them.
+// chunk and doubles up to MaxReadahead; random readers cause no prefetch.
+// Prefetches wait for a connection, but hold at most Connections-2 of them
+// together, so that demand reads always find one soon.
 //
 // # Counters
 //

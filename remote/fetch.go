@@ -83,8 +83,8 @@ func stalled(ctx context.Context, d time.Duration, err error) error {
 }
 
 // fetch reads len(bufs) bytes at off into bufs (as transfer does), retrying
-// transient failures until ctx ends. A prefetch makes one attempt, and only
-// if a connection is free at once. It returns how many bytes arrived, in
+// transient failures until ctx ends. A prefetch makes one attempt, once it
+// has a connection (acquire). It returns how many bytes arrived, in
 // order, even when it fails.
 func (o *Object) fetch(ctx context.Context, off int64, bufs [][]byte, prefetch bool) (int64, error) {
 	var done int64
@@ -93,7 +93,7 @@ func (o *Object) fetch(ctx context.Context, off int64, bufs [][]byte, prefetch b
 		if err := o.c.acquire(ctx, prefetch); err != nil {
 			return err
 		}
-		defer o.c.release()
+		defer o.c.release(prefetch)
 		rest := scratch[:0]
 		skip := done
 		for _, b := range bufs {
@@ -180,25 +180,45 @@ func (c *Client) backoff(i int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// acquire takes one of the Client's connections, waiting for ctx at most;
-// try takes one only if one is free at once, else fails with errDropped.
-func (c *Client) acquire(ctx context.Context, try bool) error {
-	if try {
+// acquire takes one of the Client's connections, waiting for ctx at most.
+// A prefetch (ahead) waits for a connection too, but prefetches hold at
+// most Connections-2 of them together, so that a reader that needs a chunk
+// now finds a connection soon however far ahead the sequential readers
+// are. (Dropping a prefetch when no connection was free at once, as
+// before, dropped most of a large readahead window: the reader then
+// fetched the same chunks itself, one small request at a time.)
+func (c *Client) acquire(ctx context.Context, ahead bool) error {
+	if ahead {
 		select {
-		case c.conns <- struct{}{}:
-			return nil
-		default:
-			return errDropped
+		case c.ahead <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %w", errDropped, ctx.Err())
+		case <-c.ctx.Done():
+			return ErrClosed
 		}
 	}
 	select {
 	case c.conns <- struct{}{}:
 		return nil
 	case <-ctx.Done():
-		return ctx.Err()
+		err := ctx.Err()
+		if ahead {
+			<-c.ahead
+			err = fmt.Errorf("%w: %w", errDropped, err)
+		}
+		return err
 	case <-c.ctx.Done():
+		if ahead {
+			<-c.ahead
+		}
 		return ErrClosed
 	}
 }
 
-func (c *Client) release() { <-c.conns }
+// release gives back a connection taken by acquire(ctx, ahead).
+func (c *Client) release(ahead bool) {
+	<-c.conns
+	if ahead {
+		<-c.ahead
+	}
+}

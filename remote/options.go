@@ -28,7 +28,7 @@ type Options struct {
 	// 4 MiB, at least ChunkSize).
 	MaxRequest int64
 	// MaxReadahead bounds how far ahead of a sequential reader chunks are
-	// prefetched (default 16 MiB, at most a quarter of CacheSize).
+	// prefetched (default 32 MiB, at most a quarter of CacheSize).
 	MaxReadahead int64
 	// CacheSize is the memory chunk cache, shared by all objects of the
 	// Client (default 128 MiB, at least 2 chunks). It is all the memory the
@@ -77,7 +77,7 @@ const (
 	defaultConnections  = 8
 	defaultChunkSize    = 256 << 10
 	defaultMaxRequest   = 4 << 20
-	defaultMaxReadahead = 16 << 20
+	defaultMaxReadahead = 32 << 20
 	defaultCacheSize    = 128 << 20
 	defaultCacheDirSize = 1 << 30
 	defaultTimeout      = 30 * time.Second

@@ -236,3 +236,33 @@ func TestDiskCache(t *testing.T) {
 	}
 	_ = context.Background
 }
+
+// TestReadaheadWaitsForConnections: a readahead window of many requests,
+// two connections, and a server 5 ms away (a delaying proxy: simulated
+// latency). Prefetches wait for a connection rather than being dropped, so
+// a sequential scan costs one request per MaxRequest bytes, and the
+// reader never fetches chunks itself that readahead had asked for.
+func TestReadaheadWaitsForConnections(t *testing.T) {
+	const size = 16 << 20
+	ng, data := nginxWith(t, size, false)
+	px := servers.NewFaultProxy(t, ng.URL)
+	px.Set(servers.Fault{Kind: servers.Delay, Delay: 5 * time.Millisecond})
+	opts := testOptions(nil)
+	opts.Connections = 2
+	opts.MaxReadahead = 2 << 20 // 8 requests of 256 KiB
+	c := newClient(t, opts)
+	o := open(t, c, px.URL+"/disk.img")
+	if !bytes.Equal(readAll(t, o, 128<<10), data) {
+		t.Fatal("sequential read differs")
+	}
+	st := o.Stats()
+	t.Logf("sequential scan, 2 connections, 2 MiB window: %+v", st)
+	if st.Dropped != 0 {
+		t.Errorf("%d prefetches dropped", st.Dropped)
+	}
+	// One request per MaxRequest, give or take the first reads (before
+	// the stream is seen) and runs cut where a window step ends.
+	if most := 2 * size / opts.MaxRequest; st.Requests > most {
+		t.Errorf("%d requests for %d bytes; at most %d expected with %d-byte requests", st.Requests, size, most, opts.MaxRequest)
+	}
+}

@@ -257,7 +257,7 @@ func (c *Client) List(ctx context.Context, prefixURL string) ([]Entry, error) {
 			if err := c.acquire(ctx, false); err != nil {
 				return err
 			}
-			defer c.release()
+			defer c.release(false)
 			c.st.requests.Add(1)
 			var err error
 			out, err = api.ListObjectsV2(ctx, in)

@@ -24,6 +24,7 @@ type remoteFlags struct {
 	S3VirtualHost     bool          `name:"s3-virtual-host" help:"With --s3-endpoint: address buckets as BUCKET.endpoint rather than endpoint/BUCKET."`
 	RemoteConnections int           `default:"8" placeholder:"N" help:"Remote images: the most range requests in flight at once (default: ${default})."`
 	RemoteChunkSize   byteSize      `default:"256K" placeholder:"SIZE" help:"Remote images: the unit of caching and the smallest range fetched, a power of two from 4K to 16M (default: ${default})."`
+	RemoteReadahead   byteSize      `default:"32M" placeholder:"SIZE" help:"Remote images: how far ahead of a sequential reader chunks are fetched, at most a quarter of the cache size (default: ${default})."`
 	RemoteCacheSize   byteSize      `default:"128M" placeholder:"SIZE" help:"Remote images: memory for fetched chunks, shared by all remote images (default: ${default})."`
 	RemoteTimeout     time.Duration `default:"30s" placeholder:"DURATION" help:"Remote images: a read (or open, or listing) that cannot be served in this time, retries included, fails with EIO (default: ${default})."`
 	CacheDir          string        `placeholder:"DIR" help:"Remote images: also keep fetched chunks on disk under DIR, bounded by the cache dir size below; later mounts find them there."`
@@ -52,6 +53,7 @@ func (r *remoteFlags) options(log *slog.Logger) remote.Options {
 		Connections:   r.RemoteConnections,
 		ChunkSize:     int64(r.RemoteChunkSize),
 		CacheSize:     int64(r.RemoteCacheSize),
+		MaxReadahead:  int64(r.RemoteReadahead),
 		CacheDir:      r.CacheDir,
 		CacheDirSize:  int64(r.CacheDirSize),
 		Timeout:       r.RemoteTimeout,
