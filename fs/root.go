@@ -232,7 +232,10 @@ func Options(writable bool) *gofs.Options {
 			MaxWrite:         maxRead,
 			MaxReadAhead:     maxRead,
 			MaxBackground:    64,
-			Options:          opts,
+			// Remote images are opened with direct I/O
+			// (remotetree.go); they can still be mapped.
+			ExtraCapabilities: fuse.CAP_DIRECT_IO_ALLOW_MMAP,
+			Options:           opts,
 		},
 	}
 }

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/qcowfs/qcowfs/test/qemu"
 	"github.com/qcowfs/qcowfs/test/servers"
@@ -44,7 +47,10 @@ func TestRemoteHTTPMatchesQemu(t *testing.T) {
 			}
 			m := mountRemote(t, url, nil)
 			got := filepath.Join(m.Dir, im.Name+".raw")
-			sameFile(t, got, wantRaw(t, expect, im.Path))
+			want := wantRaw(t, expect, im.Path)
+			sameFile(t, got, want)
+			// Remote images are read with direct I/O; they still map.
+			sameMapped(t, got, want)
 			// lseek answers as qemu's block status of the URL (its
 			// curl driver): a remote object has no host holes, so
 			// every allocated cluster is data.
@@ -244,5 +250,31 @@ func TestRemoteURLCredentials(t *testing.T) {
 		if strings.Contains(text, password) {
 			t.Errorf("%s shows the URL's password", what)
 		}
+	}
+}
+
+// sameMapped fails the test unless file, mapped read-only, holds the bytes
+// of the file want.
+func sameMapped(t *testing.T, file, want string) {
+	t.Helper()
+	w, err := os.ReadFile(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if len(w) == 0 {
+		return
+	}
+	b, err := unix.Mmap(int(f.Fd()), 0, len(w), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatalf("mmap %s: %v", file, err)
+	}
+	defer unix.Munmap(b)
+	if !bytes.Equal(b, w) {
+		t.Errorf("%s mapped differs from %s", file, want)
 	}
 }
