@@ -42,8 +42,10 @@ func (n *imageNode) disk() diskID {
 func (n *imageNode) writable() bool { return n.m.writableDisk(n.x) }
 
 // Open opens the image, taking qemu's reader locks while any handle has it
-// open, and a writer's while a handle opened for writing has. The tree
-// says how the kernel caches it (openFlags).
+// open, and a writer's while a handle opened for writing has. The content
+// cannot change under the kernel's page cache but through this mount, so
+// the kernel may keep the cache across opens: a change by someone else
+// makes a new node (identity.go).
 func (n *imageNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	write := flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0
 	if write && !n.writable() {
@@ -62,7 +64,7 @@ func (n *imageNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, ui
 		}
 		return nil, 0, errnoOf(err)
 	}
-	return &imageHandle{n: n, oi: oi, write: write}, n.m.src.openFlags(), 0
+	return &imageHandle{n: n, oi: oi, write: write}, fuse.FOPEN_KEEP_CACHE, 0
 }
 
 // fileSize is the size of the node's file now: the live disk's when the

@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/qcowfs/qcowfs/internal/remotefile"
 	"github.com/qcowfs/qcowfs/qcow2"
 	"github.com/qcowfs/qcowfs/remote"
@@ -515,17 +514,6 @@ func (t *remoteTree) isQcow2(rel string) bool {
 // showsPlain is false: plain files are not shown (there is no descriptor
 // to serve them from).
 func (t *remoteTree) showsPlain() bool { return false }
-
-// openFlags: remote images are read with direct I/O. Their bytes must be
-// copied into the reply anyway (there is no host page to splice), and
-// copied straight into the reader's buffer they cost one copy into memory
-// the reader already uses, where through the kernel's page cache they cost
-// a copy into fresh page-cache pages and another out of them: a 2 GiB
-// cp at 20 ms RTT took 7.7 to 10.8 s through the page cache and 5.1 to
-// 6.5 s with direct I/O, in alternate runs here. The daemon's chunk cache
-// is the cache; the kernel still maps the file for mmap
-// (CAP_DIRECT_IO_ALLOW_MMAP, root.go).
-func (t *remoteTree) openFlags() uint32 { return fuse.FOPEN_DIRECT_IO | fuse.FOPEN_KEEP_CACHE }
 
 func (t *remoteTree) openImage(rel string, write bool) (qcow2.HostFile, syscall.Stat_t, error) {
 	if write {

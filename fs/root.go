@@ -232,10 +232,7 @@ func Options(writable bool) *gofs.Options {
 			MaxWrite:         maxRead,
 			MaxReadAhead:     maxRead,
 			MaxBackground:    64,
-			// Remote images are opened with direct I/O
-			// (remotetree.go); they can still be mapped.
-			ExtraCapabilities: fuse.CAP_DIRECT_IO_ALLOW_MMAP,
-			Options:           opts,
+			Options:          opts,
 		},
 	}
 }

@@ -11,7 +11,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/qcowfs/qcowfs/qcow2"
 )
 
@@ -183,11 +182,6 @@ func (s *source) fileStat(f qcow2.HostFile) (syscall.Stat_t, error) {
 
 // showsPlain: plain files are shown, spliced from their descriptor.
 func (s *source) showsPlain() bool { return true }
-
-// openFlags: the kernel may keep an image's page cache across opens (a
-// change by someone else makes a new node, identity.go), and reads are
-// spliced from the host file's pages into it.
-func (s *source) openFlags() uint32 { return fuse.FOPEN_KEEP_CACHE }
 
 // close closes the root's descriptor.
 func (s *source) close() { unix.Close(s.fd) }

@@ -37,9 +37,6 @@ type tree interface {
 	// images are shown (as they are); openPlain opens one for reading.
 	showsPlain() bool
 	openPlain(rel string) (*os.File, error)
-	// openFlags are the FOPEN flags of an opened image file of the tree
-	// (image.go).
-	openFlags() uint32
 	// statfs reports the numbers of the file system holding the tree.
 	statfs(st *syscall.Statfs_t) error
 	// configure adjusts the image options for files of this tree: the

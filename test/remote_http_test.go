@@ -49,7 +49,7 @@ func TestRemoteHTTPMatchesQemu(t *testing.T) {
 			got := filepath.Join(m.Dir, im.Name+".raw")
 			want := wantRaw(t, expect, im.Path)
 			sameFile(t, got, want)
-			// Remote images are read with direct I/O; they still map.
+			// Mapped, the file reads the same.
 			sameMapped(t, got, want)
 			// lseek answers as qemu's block status of the URL (its
 			// curl driver): a remote object has no host holes, so
