@@ -151,6 +151,37 @@ func TestRemoteHTTPS(t *testing.T) {
 	if want := qemu.Map(t, filepath.Join(root, "base.qcow2")); !reflect.DeepEqual(got, want) {
 		t.Errorf("qcowfs map of the URL:\n%+v\nqemu-img map of the file:\n%+v", got, want)
 	}
+
+	// The top's chain leaves its folder: info, map and check confine
+	// it as the mount does, and --allow-backing-outside (URL prefixes
+	// only) follows it.
+	for _, cmd := range [][]string{{"map", "--output=json"}, {"check"}, {"info", "--backing-chain"}} {
+		args := append(append([]string{}, cmd...), "--ca-file", ng.CAFile, url)
+		if out, err := qcowfs(args...); err == nil || !strings.Contains(out, "outside") || !strings.Contains(out, "--allow-backing-outside") {
+			t.Errorf("qcowfs %s of a chain leaving the image's folder: err %v, output %q; want a refusal with a hint", cmd[0], err, out)
+		}
+	}
+	allow := "--allow-backing-outside=" + ng.URL + "/"
+	out, err = exec.Command(qcowfsBin, "map", "--output=json", "--ca-file", ng.CAFile, allow, url).Output()
+	if err != nil {
+		t.Fatalf("qcowfs map %s of the chain: %v", allow, err)
+	}
+	got = nil
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("qcowfs map: %v\n%s", err, out)
+	}
+	if want := qemu.Map(t, top); !reflect.DeepEqual(got, want) {
+		t.Errorf("qcowfs map of the chain's URL:\n%+v\nqemu-img map of the file:\n%+v", got, want)
+	}
+	if out, err := qcowfs("check", "--ca-file", ng.CAFile, allow, url); err != nil || !strings.Contains(out, "No errors were found") {
+		t.Errorf("qcowfs check %s of the chain: %v\n%s", allow, err, out)
+	}
+	if out, err := qcowfs("info", "--backing-chain", "--ca-file", ng.CAFile, allow, url); err != nil || strings.Count(out, "virtual size: 64 MiB") != 2 {
+		t.Errorf("qcowfs info --backing-chain %s: %v\n%s", allow, err, out)
+	}
+	if _, err := qcowfs("map", "--allow-backing-outside="+root, url); exitCode(err) != 2 {
+		t.Errorf("qcowfs map --allow-backing-outside=LOCAL-DIR: %v, want exit status 2", err)
+	}
 }
 
 // TestRemoteNoLocalFiles: an image on a server naming a local file (an

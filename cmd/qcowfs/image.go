@@ -18,11 +18,24 @@ import (
 
 // imageFlags are the flags info, map and check share.
 type imageFlags struct {
-	Image       string `arg:"" help:"The image file: qcow2, or any other file, which is read as raw (as qemu-img probes it); or the http://, https:// or s3:// URL of a qcow2 image."`
-	Format      string `short:"f" placeholder:"FMT" help:"The image's format, as qemu-img -f: qcow2 (a file that is not one is an error) or raw (a qcow2 image read as a raw file). Default: probed."`
-	Output      string `enum:"human,json" default:"human" help:"Output format: human or json, as qemu-img prints them (the same fields, in the same order)."`
-	ForceShare  bool   `short:"U" help:"Read the image even if another process (a running qemu) has it open for writing, like qemu-img -U."`
-	remoteFlags `embed:""`
+	Image      string `arg:"" help:"The image file: qcow2, or any other file, which is read as raw (as qemu-img probes it); or the http://, https:// or s3:// URL of a qcow2 image."`
+	Format     string `short:"f" placeholder:"FMT" help:"The image's format, as qemu-img -f: qcow2 (a file that is not one is an error) or raw (a qcow2 image read as a raw file). Default: probed."`
+	Output     string `enum:"human,json" default:"human" help:"Output format: human or json, as qemu-img prints them (the same fields, in the same order)."`
+	ForceShare bool   `short:"U" help:"Read the image even if another process (a running qemu) has it open for writing, like qemu-img -U."`
+	// The chain of a remote image is confined as the mount confines it.
+	AllowBackingOutside []string `placeholder:"URL" sep:"none" help:"For a remote image: also follow backing and data files under this URL prefix (repeat the flag for more). By default they must lie in the image's folder."`
+	remoteFlags         `embed:""`
+}
+
+// allowedURLs checks --allow-backing-outside: URL prefixes only (a local
+// image's chain is followed as qemu-img follows it).
+func (f *imageFlags) allowedURLs() ([]string, error) {
+	for _, a := range f.AllowBackingOutside {
+		if !remote.IsURL(a) {
+			return nil, usageErrorf("--allow-backing-outside=%s: info, map and check take URL prefixes here, for remote images", a)
+		}
+	}
+	return f.AllowBackingOutside, nil
 }
 
 // An openedImage is an image opened and locked for info, map or check:
@@ -128,13 +141,18 @@ func (f *imageFlags) open(opts qcow2.Options) (*openedImage, error) {
 }
 
 // openRemote opens a remote qcow2 image; its backing files must lie in
-// its folder (on the same server, or in the same bucket and prefix).
+// its folder (on the same server, or in the same bucket and prefix) or
+// under an --allow-backing-outside prefix.
 func (f *imageFlags) openRemote(opts qcow2.Options) (*openedImage, error) {
 	if f.Format == "raw" {
 		return nil, fmt.Errorf("%s: remote images are read as qcow2 only", remote.Redact(f.Image))
 	}
 	if f.Format != "" && f.Format != "qcow2" {
 		return nil, fmt.Errorf("%s: format %q: qcowfs reads qcow2 and raw images only", remote.Redact(f.Image), f.Format)
+	}
+	allowed, err := f.allowedURLs()
+	if err != nil {
+		return nil, err
 	}
 	c, err := f.client(nil)
 	if err != nil {
@@ -143,10 +161,10 @@ func (f *imageFlags) openRemote(opts qcow2.Options) (*openedImage, error) {
 	if opts.Cache == nil {
 		opts.Cache = qcow2.NewCache(qcow2.DefaultCacheSize, 1<<20)
 	}
-	img, err := openRemoteImage(c, f.Image, opts, nil)
+	img, err := openRemoteImage(c, f.Image, opts, allowed)
 	if err != nil {
 		c.Close()
-		return nil, err
+		return nil, withHint(err)
 	}
 	return &openedImage{name: remote.Redact(f.Image), img: img, client: c}, nil
 }

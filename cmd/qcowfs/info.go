@@ -53,9 +53,9 @@ func (c *infoCmd) Run() error {
 		if !c.BackingChain || next == "" {
 			break
 		}
-		if remote.IsURL(c.Image) && !remote.Within(next, []string{remotefile.Folder(c.Image)}) {
+		if remote.IsURL(c.Image) && !remote.Within(next, append([]string{remotefile.Folder(c.Image)}, c.AllowBackingOutside...)) {
 			// As the mount confines a chain to the image's folder.
-			return fmt.Errorf("%s: backing file %s is outside the image's folder %s", remote.Redact(flags.Image), remote.Redact(next), remote.Redact(remotefile.Folder(c.Image)))
+			return fmt.Errorf("%s: backing file %s is outside the image's folder %s (--allow-backing-outside=URL follows it)", remote.Redact(flags.Image), remote.Redact(next), remote.Redact(remotefile.Folder(c.Image)))
 		}
 		if seen[next] {
 			return fmt.Errorf("backing file %q creates an infinite loop", next)
