@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/qcowfs/qcowfs/test/servers"
 )
 
 // The remote workloads (issue 18's benchmark section): the images read
@@ -97,7 +99,7 @@ func (b *bench) startNginx(root string) (string, error) {
 		}
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		conf := filepath.Join(prefix, "nginx.conf")
-		if err := os.WriteFile(conf, []byte(nginxConf(prefix, root, addr)), 0o644); err != nil {
+		if err := os.WriteFile(conf, []byte(servers.NginxConf(prefix, root, port, false, servers.CA{})), 0o644); err != nil {
 			return "", err
 		}
 		logf, err := os.Create(filepath.Join(prefix, "stderr.log"))
@@ -155,33 +157,6 @@ func (b *bench) startNginx(root string) (string, error) {
 		return addr, nil
 	}
 	return "", lastErr
-}
-
-func nginxConf(prefix, root, addr string) string {
-	return fmt.Sprintf(`daemon off;
-master_process off;
-worker_processes 1;
-pid %[1]s/nginx.pid;
-error_log %[1]s/error.log warn;
-events { worker_connections 1024; }
-http {
-    default_type application/octet-stream;
-    log_format bench '$request_method $uri $status "$http_range" $body_bytes_sent';
-    access_log %[1]s/access.log bench;
-    client_body_temp_path %[1]s/client_body;
-    proxy_temp_path %[1]s/proxy;
-    fastcgi_temp_path %[1]s/fastcgi;
-    uwsgi_temp_path %[1]s/uwsgi;
-    scgi_temp_path %[1]s/scgi;
-    sendfile on;
-    keepalive_requests 1000000;
-    keepalive_timeout 300s;
-    server {
-        listen %[2]s;
-        root %[3]s;
-    }
-}
-`, prefix, addr, root)
 }
 
 func freePort() (int, error) {

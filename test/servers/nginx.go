@@ -55,7 +55,7 @@ func StartNginx(t testing.TB, root string, tls bool) *Nginx {
 	for range 5 { // a port found free may be taken before nginx binds it
 		port := freePort(t)
 		conf := filepath.Join(prefix, "nginx.conf")
-		if err := os.WriteFile(conf, []byte(nginxConf(prefix, root, port, tls, ca)), 0o644); err != nil {
+		if err := os.WriteFile(conf, []byte(NginxConf(prefix, root, port, tls, ca)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		errLog := filepath.Join(prefix, "error.log")
@@ -84,7 +84,11 @@ func StartNginx(t testing.TB, root string, tls bool) *Nginx {
 	return nil
 }
 
-func nginxConf(prefix, root string, port int, tls bool, ca CA) string {
+// NginxConf is the configuration of an nginx in the foreground (no daemon,
+// no master process) with its files under prefix, serving root on
+// 127.0.0.1:port, over TLS with ca's certificate if tls. Its access log,
+// prefix/access.log, is what Log parses. The benchmark's nginx uses it too.
+func NginxConf(prefix, root string, port int, tls bool, ca CA) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `daemon off;
 master_process off;
@@ -102,7 +106,8 @@ http {
     uwsgi_temp_path %[1]s/uwsgi;
     scgi_temp_path %[1]s/scgi;
     sendfile on;
-    keepalive_requests 100000;
+    keepalive_requests 1000000;
+    keepalive_timeout 300s;
     server {
 `, prefix)
 	if tls {
