@@ -27,8 +27,9 @@ type piece struct {
 }
 
 // writePlans writes the data of plans: the guest bytes from data, whose
-// first byte is at guest offset off, and the copied parts.
-func (w *writer) writePlans(plans []clusterPlan, data []byte, off int64) error {
+// first byte is at guest offset off, and the copied parts. pin is the
+// caller's, held since the plans were made.
+func (w *writer) writePlans(plans []clusterPlan, data []byte, off int64, pin Pin) error {
 	l := w.l
 	cs := l.clusterSize()
 	var pieces []piece
@@ -71,7 +72,7 @@ func (w *writer) writePlans(plans []clusterPlan, data []byte, off int64) error {
 		for j < len(pieces) && !pieces[j].skip && pieces[j].host == pieces[j-1].host+pieces[j-1].n {
 			j++
 		}
-		if err := w.writeSegment(pieces[i:j], data, off); err != nil {
+		if err := w.writeSegment(pieces[i:j], data, off, pin); err != nil {
 			return err
 		}
 		i = j
@@ -81,13 +82,13 @@ func (w *writer) writePlans(plans []clusterPlan, data []byte, off int64) error {
 
 // writeSegment writes host-contiguous pieces with one write: straight from
 // the guest's buffer when it is one piece of guest data, else assembled.
-func (w *writer) writeSegment(seg []piece, data []byte, off int64) error {
+func (w *writer) writeSegment(seg []piece, data []byte, off int64, pin Pin) error {
 	start := seg[0].host
 	total := seg[len(seg)-1].host + seg[len(seg)-1].n - start
 	if len(seg) == 1 && !seg[0].cow {
 		q := seg[0]
 		w.addHostBytes(q.n, 0)
-		return w.writeData(data[q.guest-off:q.guest-off+q.n], q.host)
+		return w.writeData(data[q.guest-off:q.guest-off+q.n], q.host, pin)
 	}
 	bp := getBuf(int(total))
 	defer putBuf(bp)
@@ -105,7 +106,7 @@ func (w *writer) writeSegment(seg []piece, data []byte, off int64) error {
 		cow += q.n
 	}
 	w.addHostBytes(total, cow)
-	return w.writeData(buf, start)
+	return w.writeData(buf, start, pin)
 }
 
 func (w *writer) addHostBytes(n, cow int64) {

@@ -164,6 +164,34 @@ func crashWorkloads() []crashWorkload {
 			}
 			return o
 		}},
+		{"stream", create("st", "8M"), func(size, cs int64) []qemu.Op {
+			// A guest streaming 1 MiB writes, which FUSE sends as
+			// 1016 KiB and 8 KiB: the large ones go with O_DIRECT and
+			// stay in flight (behind.go), the small ones behind them;
+			// a write inside one in flight, a discard of one, and the
+			// space written again.
+			var o []qemu.Op
+			add := func(k qemu.OpKind, off, l int64) {
+				o = append(o, qemu.Op{Kind: k, Off: off, Len: l, N: len(o) + 1})
+			}
+			for i := int64(0); i < 4; i++ {
+				add(qemu.OpWrite, i<<20, 1016<<10)
+				add(qemu.OpWrite, i<<20+1016<<10, 8<<10)
+				if i == 1 {
+					add(qemu.OpWrite, i<<20+300<<10, 4<<10)
+				}
+			}
+			add(qemu.OpFlush, 0, 0)
+			add(qemu.OpWrite, 4<<20, 2<<20)
+			add(qemu.OpDiscard, 4<<20, 1<<20)
+			add(qemu.OpWrite, 4<<20+512<<10, 512<<10)
+			add(qemu.OpWrite, 0, 512<<10)
+			add(qemu.OpFlush, 0, 0)
+			add(qemu.OpWrite, 6<<20, 1<<20)
+			add(qemu.OpZero, 6<<20+256<<10, 256<<10)
+			add(qemu.OpFlush, 0, 0)
+			return o
+		}},
 		{"extended-l2", func(t *testing.T, dir string) (string, []string, int64) {
 			base := filepath.Join(dir, "xbase.qcow2")
 			qemu.Create(t, "qcow2", base, "8M")
@@ -459,7 +487,7 @@ func dataCheck(t *testing.T, image string, h *sectorHistory, acked, issued int, 
 // acknowledged by a flush before the failure reads back.
 func TestInjectedErrors(t *testing.T) {
 	qemu.Require(t, "qemu-img", "qemu-io")
-	for _, name := range []string{"alloc-4k", "cow-snapshot", "discard-realloc", "resize-moves-l1"} {
+	for _, name := range []string{"alloc-4k", "cow-snapshot", "discard-realloc", "resize-moves-l1", "stream"} {
 		var wl crashWorkload
 		for _, w := range crashWorkloads() {
 			if w.name == name {

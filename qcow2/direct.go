@@ -103,31 +103,56 @@ func (f *localFile) Close() error {
 	return f.File.Close()
 }
 
-// writeDirect writes b at off with O_DIRECT if df can and b is large and
-// aligned enough, and reports whether it did (else the caller writes b
-// buffered).
+// writeBehind leaves the write of b at off in flight (behind.go), and
+// reports whether it did (else the caller writes b now). A write large and
+// aligned enough for O_DIRECT goes so; so does a small one while others are
+// in flight (the tail of a guest's 1 MiB write, which FUSE sends as a
+// request of its own): it would wait for the file's lock behind them
+// anyway, and the guest for it.
 //
-// A guest's buffer is not aligned in memory (a FUSE request's payload
-// starts 80 bytes into it), so it is copied into an aligned one first: one
-// copy from a warm buffer, instead of a copy into new page-cache pages.
-// (Copying in pieces, each written while the next is copied, measured no
-// faster: the disk's latency is what the write waits for.)
-func writeDirect(df WritableFile, b []byte, off int64) (bool, error) {
-	dw, ok := df.(directWriter)
-	if !ok || len(b) < directMin || off%directAlign != 0 || len(b)%directAlign != 0 || !dw.CanWriteDirect() {
-		return false, nil
-	}
-	if aligned(b) {
-		return true, dw.WriteDirect(b, off)
+// It returns once b is copied and queued; the write lands on a goroutine
+// of its own, holding a pin of pin's. The copy is needed anyway for
+// O_DIRECT: a FUSE request's payload is not aligned in memory (it starts 80
+// bytes into go-fuse's buffer), and it is reused once the request is
+// answered. It is one copy into a warm buffer, instead of one into new
+// page-cache pages.
+func (w *writer) writeBehind(b []byte, off int64, pin Pin) bool {
+	dw, ok := w.df.(directWriter)
+	direct := ok && len(b) >= directMin && off%directAlign == 0 && len(b)%directAlign == 0 && dw.CanWriteDirect()
+	if !direct && (len(b) > behindSmall || w.behind.n.Load() == 0) {
+		return false
 	}
 	bp := getBuf(len(b))
-	defer putBuf(bp)
 	buf := (*bp)[:len(b)]
-	if !aligned(buf) {
-		return false, nil
+	if direct && !aligned(buf) {
+		putBuf(bp)
+		return false
 	}
+	end := off + int64(len(b))
+	w.behind.add(off, end)
 	copy(buf, b)
-	return true, dw.WriteDirect(buf, off)
+	if direct {
+		w.st.directBytes.Add(int64(len(b)))
+	}
+	held := pin.dup()
+	go func() {
+		var err error
+		if direct {
+			err = dw.WriteDirect(buf, off)
+		} else {
+			_, err = w.df.WriteAt(buf, off)
+		}
+		if err != nil {
+			w.fail(err)
+		}
+		putBuf(bp)
+		held.Release()
+		w.behind.done(off, end)
+	}()
+	return true
 }
+
+// behindSmall is the largest write left in flight behind others.
+const behindSmall = 64 << 10
 
 func aligned(b []byte) bool { return uintptr(unsafe.Pointer(&b[0]))%directAlign == 0 }

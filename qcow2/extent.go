@@ -100,7 +100,13 @@ func (img *Image) Extent(off, length int64) (Extent, error) {
 	if off < 0 || off >= img.top.vsize() || length <= 0 {
 		return Extent{}, fmt.Errorf("%s: extent [%d, +%d) outside the disk (%d bytes)", img.top.name, off, length, img.top.vsize())
 	}
-	return img.top.extent(off, min(length, img.top.vsize()-off), probeQemu)
+	e, err := img.top.extent(off, min(length, img.top.vsize()-off), probeQemu)
+	if err == nil && e.layer != nil && e.Status&(StatusData|StatusCompressed) == StatusData && e.Offset >= 0 {
+		// The caller reads its host bytes next (Host): a write in
+		// flight there lands first.
+		e.layer.behind.wait(e.Offset, e.Offset+e.Length)
+	}
+	return e, err
 }
 
 // probe says when extent asks a host file where its holes are.

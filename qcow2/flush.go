@@ -319,19 +319,19 @@ func (w *writer) writeMeta(b []byte, off int64, kinds ...MetaKind) error {
 }
 
 // writeData writes guest data (or copy-on-write data) at host offset off
-// of the data file, after checking that it is no metadata.
-func (w *writer) writeData(b []byte, off int64) error {
+// of the data file, after checking that it is no metadata. pin is the
+// caller's, held since it found off; a write left in flight (behind.go)
+// holds a pin of its own until it lands.
+func (w *writer) writeData(b []byte, off int64, pin Pin) error {
 	if w.df == w.f {
 		if err := w.checkOverlap(off, int64(len(b))); err != nil {
 			return err
 		}
 	}
-	if done, err := writeDirect(w.df, b, off); err != nil {
-		return w.fail(err)
-	} else if done {
-		w.st.directBytes.Add(int64(len(b)))
+	if w.writeBehind(b, off, pin) {
 		return nil
 	}
+	w.behind.wait(off, off+int64(len(b)))
 	if _, err := w.df.WriteAt(b, off); err != nil {
 		return w.fail(err)
 	}
@@ -393,8 +393,13 @@ func (w *writer) sync() error {
 	return nil
 }
 
-// syncAll syncs the data file too, if there is one.
+// syncAll syncs the data file too, if there is one, once the data
+// writes in flight have landed.
 func (w *writer) syncAll() error {
+	w.behind.drain()
+	if err := w.usable(); err != nil {
+		return err
+	}
 	if w.df != w.f {
 		w.st.syncs.Add(1)
 		if err := w.df.Sync(); err != nil {

@@ -109,6 +109,9 @@ type layer struct {
 	// writable: the writer changes this layer (the top one), so host
 	// holes of its files are not cached.
 	writable bool
+	// behind: the writer's data writes in flight (behind.go); nil for a
+	// layer that is not written.
+	behind *behind
 
 	// Set for qcow2 layers only.
 	hdr           *Header
@@ -220,6 +223,7 @@ func (img *Image) openForWriting(c *chain) error {
 	}
 	img.w = w
 	l.writable = true
+	l.behind = w.behind
 	return nil
 }
 
@@ -531,6 +535,7 @@ func (e *Extent) read(p []byte) error {
 // a file that shrank since is an error, not a reason to serve whatever the
 // buffer held.
 func (l *layer) readHost(p []byte, off int64) error {
+	l.behind.wait(off, off+int64(len(p)))
 	f, size := l.data(), l.dataSize()
 	n := len(p)
 	if off >= size {

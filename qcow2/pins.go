@@ -49,6 +49,17 @@ func (pin Pin) Release() {
 	}
 }
 
+// dup returns another pin of pin's epoch, for work that outlives pin's
+// holder but was mapped under it (a write in flight, behind.go); pin must
+// be held. Counting in pin's slot, not the current epoch's, keeps what was
+// freed before pin's lookup from being reused until both are released.
+func (pin Pin) dup() Pin {
+	if pin.p != nil {
+		pin.p.count[pin.e&1].Add(1)
+	}
+	return pin
+}
+
 // advance moves the epoch on if the slot it would reuse has drained, and
 // returns the current epoch.
 func (p *pins) advance() uint64 {

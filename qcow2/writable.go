@@ -38,7 +38,8 @@ type writer struct {
 	mu sync.Mutex
 	// busyCond waits for a guest range held by another write.
 	busyCond *sync.Cond
-	busy     []span // guest ranges being written, by offset
+	busy     []span  // guest ranges being written, by offset
+	behind   *behind // data writes in flight (behind.go)
 
 	reft          *table // the refcount table; its dirty range is written back
 	reftOff       int64  // where it lies
@@ -108,7 +109,7 @@ func readOnlyReason(l *layer) string {
 // opened for writing, df its data file (nil without one).
 func openWriter(img *Image, f, df WritableFile) (*writer, error) {
 	l := img.top
-	w := &writer{img: img, l: l, f: f, df: f, dirtyTables: map[int64]*cacheEntry{}}
+	w := &writer{img: img, l: l, f: f, df: f, dirtyTables: map[int64]*cacheEntry{}, behind: newBehind()}
 	w.busyCond = sync.NewCond(&w.mu)
 	if df != nil {
 		w.df = df

@@ -107,7 +107,7 @@ func (w *writer) writeRun(p []byte, off int64) (int, error) {
 	pin := w.img.pins.take()
 	k, host, err := w.inPlaceRun(off, n)
 	if err == nil && k > 0 {
-		err = w.writeData(p[:k], host)
+		err = w.writeData(p[:k], host, pin)
 		pin.Release()
 		if err != nil {
 			return 0, err
@@ -222,7 +222,7 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 	// The data, without mu: the guest range stays held.
 	w.mu.Unlock()
 	pin := w.img.pins.take()
-	err = w.writePlans(plans, p[:written], off)
+	err = w.writePlans(plans, p[:written], off, pin)
 	pin.Release()
 	w.mu.Lock()
 	if err != nil {
@@ -443,7 +443,9 @@ func (w *writer) zeroClusters(off, n int64, keep bool) error {
 			w.free(o/cs, (o+size-1)/cs-o/cs+1)
 		case external:
 			// The data file: give the space back now (a raw data file
-			// must read zeros there; the entry says so too).
+			// must read zeros there; the entry says so too), after any
+			// write in flight there.
+			w.behind.wait(g*cs, (g+1)*cs)
 			if err := w.df.Punch(g*cs, cs); err != nil {
 				if !unsupported(err) {
 					return w.fail(err)
@@ -577,6 +579,7 @@ func (w *writer) growDataFile() error {
 // metadata flushed, freed clusters' refcounts dropped and flushed too, the
 // file's growth ahead given back.
 func (w *writer) close() error {
+	w.behind.drain()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.modified {

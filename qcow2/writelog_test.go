@@ -110,6 +110,16 @@ func (f *loggedFile) WriteAt(p []byte, off int64) (int, error) {
 	return f.WritableFile.WriteAt(p, off)
 }
 
+// CanWriteDirect and WriteDirect make the writer take its O_DIRECT path,
+// which leaves writes in flight (behind.go): each is logged as a write when
+// it is made.
+func (f *loggedFile) CanWriteDirect() bool { return true }
+
+func (f *loggedFile) WriteDirect(b []byte, off int64) error {
+	_, err := f.WriteAt(b, off)
+	return err
+}
+
 func (f *loggedFile) Punch(off, n int64) error {
 	if err := f.record(logEntry{kind: logPunch, off: off, n: n}); err != nil {
 		return err
