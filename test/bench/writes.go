@@ -93,6 +93,12 @@ func (b *bench) freshTarget(w *workload, c *contestant) (*target, error) {
 	if _, err := b.must(&cmd{name: "qemu-img", args: append(args, t.img, strconv.FormatInt(t.size, 10)), timeout: 5 * time.Minute}); err != nil {
 		return nil, err
 	}
+	// The previous run's image was just deleted, and the run before
+	// may have left writeback: the disk settles before this run starts,
+	// not during it.
+	if _, err := b.must(&cmd{name: "sync", timeout: 5 * time.Minute}); err != nil {
+		return nil, err
+	}
 	return t, nil
 }
 
