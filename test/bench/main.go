@@ -69,8 +69,8 @@ func run() int {
 	if defaultWork == "" {
 		defaultWork = filepath.Join(repo, ".work", "bench")
 	}
-	flag.BoolVar(&cfg.quick, "quick", false, "run the quick subset (3 runs, fewer workloads)")
-	flag.IntVar(&cfg.runs, "runs", 0, "runs per contestant (default 5, quick 3)")
+	flag.BoolVar(&cfg.quick, "quick", false, "run the quick subset (2 runs, fewer workloads)")
+	flag.IntVar(&cfg.runs, "runs", 0, "runs per contestant (default 5, quick 2)")
 	flag.StringVar(&cfg.work, "work", defaultWork, "work folder: cached images, mounts, outputs, logs ($QCOWFS_BENCH_WORK)")
 	flag.StringVar(&cfg.bin, "bin", filepath.Join(repo, "bin", "qcowfs"), "the qcowfs binary to measure")
 	flag.BoolVar(&cfg.build, "build", true, "run `make build` in the repository first")
@@ -90,7 +90,7 @@ func run() int {
 	if cfg.runs == 0 {
 		cfg.runs = 5
 		if cfg.quick {
-			cfg.runs = 3
+			cfg.runs = 2
 		}
 	}
 	if only != "" {

@@ -835,13 +835,46 @@ func fileSize(p string) (int64, error) {
 	return st.Size(), nil
 }
 
-// writeRunsNote says how many runs the write workloads have, for the
-// report's method row.
-func (b *bench) writeRunsNote() string {
+// runsNote says which workloads run fewer times than the others, for the
+// report's method row: "every workload", or e.g. "3 in dd-deflate,
+// cp-zstd, the write workloads and the remote workloads".
+func (b *bench) runsNote() string {
+	byRuns := map[int][]string{}
+	var counts []int
+	groups := map[string]bool{}
 	for _, r := range b.results {
-		if r.w.write != nil && b.runsOf(r.w) != b.cfg.runs {
-			return fmt.Sprintf("%d in the write workloads", b.runsOf(r.w))
+		n := b.runsOf(r.w)
+		if n == b.cfg.runs {
+			continue
 		}
+		name := r.w.id
+		switch {
+		case r.w.write != nil:
+			name = "the write workloads"
+		case r.w.remote != nil:
+			name = "the remote workloads"
+		}
+		key := fmt.Sprint(n, name)
+		if groups[key] {
+			continue
+		}
+		groups[key] = true
+		if len(byRuns[n]) == 0 {
+			counts = append(counts, n)
+		}
+		byRuns[n] = append(byRuns[n], name)
 	}
-	return "every workload"
+	if len(counts) == 0 {
+		return "every workload"
+	}
+	var parts []string
+	for _, n := range counts {
+		names := byRuns[n]
+		list := strings.Join(names, ", ")
+		if len(names) > 1 {
+			list = strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
+		}
+		parts = append(parts, fmt.Sprintf("%d in %s", n, list))
+	}
+	return strings.Join(parts, "; ")
 }
