@@ -64,7 +64,24 @@ func (n *imageNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, ui
 		}
 		return nil, 0, errnoOf(err)
 	}
-	return &imageHandle{n: n, oi: oi, write: write}, fuse.FOPEN_KEEP_CACHE, 0
+	return &imageHandle{n: n, oi: oi, write: write}, n.m.openFlags(write, flags), 0
+}
+
+// openFlags are the open reply's flags. A handle opened for writing with
+// O_DIRECT bypasses the kernel's page cache anyway; FOPEN_DIRECT_IO with
+// FOPEN_PARALLEL_DIRECT_WRITES lets the kernel send its writes in
+// parallel. (On the cached path the kernel holds the file's lock across
+// each O_DIRECT write, so four writers' writes reached the daemon one at a
+// time: 4 KiB random writes of 4 jobs went from 14k to 23k a second, and
+// on an allocated image from 16k to 36k.) The kernel invalidates the
+// cached pages of the range before such a write, so buffered and mapped
+// readers of the file see it (TestDirectWritersParallel). Not with the
+// writeback cache, whose dirty pages such a write would not wait for.
+func (m *mount) openFlags(write bool, flags uint32) uint32 {
+	if write && flags&syscall.O_DIRECT != 0 && !m.cfg.WritebackCache {
+		return fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_DIRECT_IO | fuse.FOPEN_PARALLEL_DIRECT_WRITES
+	}
+	return fuse.FOPEN_KEEP_CACHE
 }
 
 // fileSize is the size of the node's file now: the live disk's when the

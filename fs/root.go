@@ -52,6 +52,11 @@ type Config struct {
 	// Writable makes the raw files of qcow2 images writable (their
 	// snapshots and plain files stay read-only).
 	Writable bool
+	// WritebackCache says the mount has the kernel's FUSE writeback
+	// cache (the caller sets fuse.CAP_WRITEBACK_CACHE): the kernel then
+	// holds dirty pages, which a parallel direct write would not wait
+	// for, so O_DIRECT writers keep the kernel's serial path.
+	WritebackCache bool
 	// Overlay, with Writable, is a folder outside the source where the
 	// writes go: the images of the source are only read, and the first
 	// write to one makes its overlay there (overlay.go).

@@ -71,6 +71,7 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	if c.ReadPath == "copy" {
 		cfg.ReadPath = fs.ReadCopy
 	}
+	cfg.WritebackCache = c.WritebackCache
 	root, err := fs.NewRoot(cfg)
 	if err != nil {
 		return err
