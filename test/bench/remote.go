@@ -454,7 +454,10 @@ func (b *bench) remoteWorkloads(rtts []time.Duration, quick bool) []*workload {
 			na["qcowfs-remote"] = "this qcowfs build mounts no URLs yet (issue 18's remote mount, branch remote, is not merged)"
 		}
 		mk := func(w *workload) *workload {
-			w.remote, w.freshExposure, w.runs, w.timeout, w.na = spec, true, 3, limit, na
+			w.remote, w.freshExposure, w.runs, w.na = spec, true, 3, na
+			if w.timeout == 0 {
+				w.timeout = limit
+			}
 			w.metrics = append(w.metrics, fetchedMetric)
 			w.measure = counted(w.measure)
 			return w
@@ -485,14 +488,13 @@ func (b *bench) remoteWorkloads(rtts []time.Duration, quick bool) []*workload {
 				measure: measureFio, what: "`fio " + strings.Join(b.fioArgs("FILE"), " ") + "`; a fresh mount per run.",
 			}),
 			mk(&workload{
-				id: "r-guest-" + tag, image: "guest", who: fuse,
+				id: "r-guest-" + tag, image: "guest", who: fuse, timeout: guestLimit,
 				title:   "remote: every file of the guest's ext4 partition over HTTP, through a loop device, " + where,
 				metrics: []metric{{id: "time", unit: seconds, short: "remote guest tar, " + where, title: "remote guest partition read (loop device, partx, ext4 ro,noload, tar of every file), " + where}},
 				prepare: prepareGuest, measure: measureGuest,
 				what: "As the local guest read, on a fresh mount of the image's URL per run: `losetup -r`, `partx -a`, `mount -o ro,noload`, then, caches dropped, `tar cf - . | wc -c`.",
 			}),
 		)
-		p[len(p)-1].timeout = guestLimit
 	}
 	return p
 }

@@ -225,12 +225,13 @@ func (b *bench) writeRun(w *workload, c *contestant, targets map[string]*target,
 	}
 	// qcowfs's image is checked after every run, the peers' after their
 	// first; the quick run checks qcowfs's after its first too.
-	if w.write.verify != nil && (run == 1 || c.role == subject && !b.cfg.quick) {
+	everyRun := c.role == subject && !b.cfg.quick
+	if w.write.verify != nil && (run == 1 || everyRun) {
 		note, err := w.write.verify(b, w, t)
 		if err != nil {
 			return samples, fmt.Errorf("data check: %w", err)
 		}
-		if c.role == subject && !b.cfg.quick {
+		if everyRun {
 			note += " (every run)"
 		}
 		notes = append(notes, note)
