@@ -204,7 +204,7 @@ func (b *bench) markdownTable(res *wlResult, m metric) (string, table) {
 		if status != "" && (st.n > 0 || st.onlyTimeout) {
 			notes = append(notes, status)
 		}
-		if st.n > 0 && st.n < b.runsOf(w) && !st.timedOut && status == "" {
+		if st.n > 0 && st.n < b.runsOf(w) && !st.timedOut && status == "" && !res.settled[id] {
 			notes = append(notes, fmt.Sprintf("%d of %d runs", st.n, b.runsOf(w)))
 		}
 		switch {
@@ -384,7 +384,7 @@ func (b *bench) writeReport() error {
 	row("caches dropped", mi.Drop)
 	lo, hi := b.loadRange()
 	row("load average", fmt.Sprintf("1, 5, 15 min: %s before the measurements, %s after; 1 min at the start of each workload: %.1f to %.1f", b.loadBefore, loadavg(), lo, hi))
-	row("method", fmt.Sprintf("%d runs per contestant (%s), interleaved (run 1 of every contestant, then run 2, ...); median, worst and best run; ratios computed from the medians of this run", b.cfg.runs, b.runsNote()))
+	row("method", fmt.Sprintf("%d runs per contestant (%s), interleaved (run 1 of every contestant, then run 2, ...); a peer whose first %d runs are each at least %.1fx behind qcowfs's worst stops there (its notes say so); median, worst and best run; ratios computed from the medians of this run", b.cfg.runs, b.runsNote(), settleRuns, settleFactor))
 	if b.builtNow > 0 {
 		row("images", fmt.Sprintf("built by this run in %s", b.builtNow.Round(time.Second)))
 	} else if man.Total > 0 {

@@ -28,6 +28,8 @@ type wlResult struct {
 	// traced daemon; syscallsNote says why there are none.
 	syscalls     []syscallCount
 	syscallsNote string
+	// settled are the peers stopped early (settle).
+	settled map[string]bool
 }
 
 // A record is one measurement as written to the JSON file.
@@ -51,7 +53,8 @@ type record struct {
 
 func newResult(w *workload) *wlResult {
 	res := &wlResult{w: w, samples: map[string]map[string][]sample{}, status: map[string]string{},
-		skipped: map[string]map[string]string{}, notes: map[string][]string{}, rss: map[string]int64{}}
+		skipped: map[string]map[string]string{}, notes: map[string][]string{}, rss: map[string]int64{},
+		settled: map[string]bool{}}
 	for _, m := range w.metrics {
 		res.samples[m.id] = map[string][]sample{}
 		res.skipped[m.id] = map[string]string{}
@@ -175,13 +178,18 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 
 	for run := 1; run <= b.runsOf(w); run++ {
 		for _, id := range w.who {
-			if res.status[id] != "" {
+			if res.status[id] != "" || res.settled[id] {
 				continue
 			}
 			if b.ctx.Err() != nil {
 				return res
 			}
 			c := contestantByID(id)
+			if run > settleRuns && res.settle(w, c) {
+				res.settled[id] = true
+				res.notes[id] = append(res.notes[id], fmt.Sprintf("stopped after %d runs: every one at least %.1fx behind qcowfs's worst", settleRuns, settleFactor))
+				continue
+			}
 			// A fresh exposure for every run, made just before it and
 			// closed right after: a daemon's own caches (a remote
 			// mount's chunk cache) must not serve the next run, and no
@@ -238,6 +246,57 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 	return res
 }
 
+// A peer that is far behind is not run to the end: after settleRuns runs
+// of a workload with more, a peer every one of whose runs is at least
+// settleFactor behind qcowfs's worst run so far, in every metric, stops
+// there. More runs would refine a median that no target is near (the
+// targets ask for 1.2x to 3x against these peers, where a peer this far
+// behind has shown 1.5x in every run), and the slowest peers take most of
+// a run's time. qcowfs, the baselines (the raw file, qemu-img convert)
+// and every peer closer than that run to the end.
+const (
+	settleRuns   = 3
+	settleFactor = 1.5
+)
+
+// settle says whether peer c may stop (above).
+func (r *wlResult) settle(w *workload, c *contestant) bool {
+	if c.role != peer {
+		return false
+	}
+	compared := false
+	for _, m := range w.metrics {
+		worst, ok := extreme(r.samples[m.id]["qcowfs"], m.unit, false)
+		best, ok2 := extreme(r.samples[m.id][c.id], m.unit, true)
+		if !ok || !ok2 {
+			continue
+		}
+		if m.unit.lowerBetter() && best < settleFactor*worst || !m.unit.lowerBetter() && best*settleFactor > worst {
+			return false
+		}
+		compared = true
+	}
+	return compared
+}
+
+// extreme is the best (or worst) value of the measured samples ss in
+// unit u; false if there is none.
+func extreme(ss []sample, u unit, best bool) (float64, bool) {
+	var x float64
+	n := 0
+	for _, s := range ss {
+		if s.timedOut || s.skipped != "" {
+			continue
+		}
+		v := s.value(u)
+		if n == 0 || better(u, v, x) == best {
+			x = v
+		}
+		n++
+	}
+	return x, n > 0
+}
+
 // add records a sample: in the table when it is a complete measurement
 // (or a timeout: a lower bound), and in the JSON records in any case. err,
 // when failed, is why this sample is not a measurement.
@@ -286,8 +345,6 @@ func (r *wlResult) add(w *workload, id string, run int, s sample, failed bool, e
 	}
 }
 
-func lastMetric(w *workload) string { return w.metrics[len(w.metrics)-1].id }
-
 func describeSamples(w *workload, ss []sample) string {
 	out := ""
 	for _, s := range ss {
@@ -330,8 +387,11 @@ func (b *bench) timedOutIn(wid, id string) string {
 		return ""
 	}
 	for _, r := range b.results {
-		if r.w.id == wid {
-			for _, s := range r.samples[lastMetric(r.w)][id] {
+		if r.w.id != wid {
+			continue
+		}
+		for _, m := range r.w.metrics {
+			for _, s := range r.samples[m.id][id] {
 				if s.timedOut {
 					return fmt.Sprintf("timed out (> %v) in %s", b.timeoutOf(r.w).Round(time.Second), wid)
 				}

@@ -247,7 +247,14 @@ func (b *bench) fioArgs(file string) []string {
 }
 
 func measureFio(b *bench, w *workload, c *contestant, e *exposure, run int) ([]sample, error) {
-	r := b.run(&cmd{name: "fio", args: b.fioArgs(e.file), timeout: b.cfg.fioTime + time.Minute, stuck: b.abortExposure(e)})
+	// fio runs for --fio-time once its jobs have opened the file, and
+	// needs a moment to start and end: a minute more, or the workload's
+	// own cutoff for slow readers more.
+	slack := time.Minute
+	if w.timeout > 0 {
+		slack = w.timeout
+	}
+	r := b.run(&cmd{name: "fio", args: b.fioArgs(e.file), timeout: b.cfg.fioTime + slack, stuck: b.abortExposure(e)})
 	s, err := r.sample("iops")
 	if err != nil {
 		return []sample{s}, err
