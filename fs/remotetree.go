@@ -75,6 +75,7 @@ type listing struct {
 	objects map[string]remoteObject // by path relative to the root
 	dirs    map[string]*remoteDir   // by path; "" is the root
 	byURL   map[string]string       // object URL -> path
+	bytes   int64                   // the objects' sizes, summed (statfs)
 }
 
 type remoteObject struct {
@@ -226,8 +227,12 @@ func keyPath(name string) (string, bool) {
 }
 
 func (l *listing) add(rel string, o remoteObject) {
+	if prev, ok := l.objects[rel]; ok {
+		l.bytes -= prev.size
+	}
 	l.objects[rel] = o
 	l.byURL[o.url] = rel
+	l.bytes += o.size
 }
 
 // finish makes the folders of the listing's objects. A name that is both
@@ -555,8 +560,21 @@ func (t *remoteTree) openPlain(rel string) (*os.File, error) {
 	return nil, &os.PathError{Op: "open", Path: t.abs(rel), Err: syscall.EOPNOTSUPP}
 }
 
+// statfs reports the objects of the last listing, as a read-only file
+// system of their size would: the bytes they hold as its size, all of it
+// used and none free, and their number as its files. So df shows how
+// much the source holds (every object under the prefix, images or not;
+// for one image, that image's object).
 func (t *remoteTree) statfs(st *syscall.Statfs_t) error {
-	*st = syscall.Statfs_t{Bsize: 4096, Frsize: 4096, Namelen: 255}
+	t.mu.Lock()
+	l := t.cur
+	t.mu.Unlock()
+	const bs = 4096
+	*st = syscall.Statfs_t{Bsize: bs, Frsize: bs, Namelen: 255}
+	if l != nil {
+		st.Blocks = uint64((l.bytes + bs - 1) / bs)
+		st.Files = uint64(len(l.objects))
+	}
 	return nil
 }
 

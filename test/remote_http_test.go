@@ -49,6 +49,12 @@ func TestRemoteHTTPMatchesQemu(t *testing.T) {
 			got := filepath.Join(m.Dir, im.Name+".raw")
 			want := wantRaw(t, expect, im.Path)
 			sameFile(t, got, want)
+			// df: the one object mounted.
+			if st, err := os.Stat(im.Path); err != nil {
+				t.Fatal(err)
+			} else {
+				checkRemoteDf(t, m.Dir, st.Size(), 1)
+			}
 			// Mapped, the file reads the same.
 			sameMapped(t, got, want)
 			// lseek answers as qemu's block status of the URL (its

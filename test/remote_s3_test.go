@@ -1,11 +1,14 @@
 package test
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -84,6 +87,18 @@ func TestRemoteS3(t *testing.T) {
 		sameFile(t, filepath.Join(m.Dir, raw), wantRaw(t, t.TempDir(), image))
 	}
 
+	// df: the objects under the prefix (images or not), their bytes as
+	// the size, all used.
+	var stored int64
+	for _, p := range []string{a, b, c, notes} {
+		st, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored += st.Size()
+	}
+	checkRemoteDf(t, m.Dir, stored, 4)
+
 	// Put while mounted: shown within the refresh interval (1 s), give
 	// or take a lookup.
 	n := img("new.qcow2", "4M", "write -P 0x65 0 3M")
@@ -113,5 +128,29 @@ func TestRemoteS3(t *testing.T) {
 	}
 	if strings.Contains(log, "level=ERROR") {
 		t.Errorf("the daemon logged errors:\n%s", log)
+	}
+}
+
+// checkRemoteDf checks what statfs and df say of a remote mount: size and
+// used space the stored bytes (rounded up to a block), none free, files
+// the object count.
+func checkRemoteDf(t *testing.T, dir string, stored int64, objects uint64) {
+	t.Helper()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	size := int64(st.Blocks) * st.Frsize
+	if size < stored || size >= stored+st.Frsize || st.Bfree != 0 || st.Bavail != 0 || st.Files != objects {
+		t.Errorf("statfs of %s: %d blocks of %d (%d bytes), %d free, %d available, %d files; want %d bytes (rounded up to a block), none free, %d files",
+			dir, st.Blocks, st.Frsize, size, st.Bfree, st.Bavail, st.Files, stored, objects)
+	}
+	out, err := exec.Command("df", "-B1", "--output=size,used,avail", dir).Output()
+	if err != nil {
+		t.Fatalf("df %s: %v", dir, err)
+	}
+	want := fmt.Sprintf("%d %d 0", size, size)
+	if got := strings.Join(strings.Fields(strings.Join(strings.Split(string(out), "\n")[1:], " ")), " "); got != want {
+		t.Errorf("df -B1 %s says %q (size, used, available), want %q", dir, got, want)
 	}
 }
