@@ -75,7 +75,6 @@ type listing struct {
 	objects map[string]remoteObject // by path relative to the root
 	dirs    map[string]*remoteDir   // by path; "" is the root
 	byURL   map[string]string       // object URL -> path
-	bytes   int64                   // the objects' sizes, summed (statfs)
 }
 
 type remoteObject struct {
@@ -227,12 +226,8 @@ func keyPath(name string) (string, bool) {
 }
 
 func (l *listing) add(rel string, o remoteObject) {
-	if prev, ok := l.objects[rel]; ok {
-		l.bytes -= prev.size
-	}
 	l.objects[rel] = o
 	l.byURL[o.url] = rel
-	l.bytes += o.size
 }
 
 // finish makes the folders of the listing's objects. A name that is both
@@ -572,7 +567,11 @@ func (t *remoteTree) statfs(st *syscall.Statfs_t) error {
 	const bs = 4096
 	*st = syscall.Statfs_t{Bsize: bs, Frsize: bs, Namelen: 255}
 	if l != nil {
-		st.Blocks = uint64((l.bytes + bs - 1) / bs)
+		var bytes int64
+		for _, o := range l.objects {
+			bytes += o.size
+		}
+		st.Blocks = uint64((bytes + bs - 1) / bs)
 		st.Files = uint64(len(l.objects))
 	}
 	return nil

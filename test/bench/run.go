@@ -266,35 +266,18 @@ func (r *wlResult) settle(w *workload, c *contestant) bool {
 	}
 	compared := false
 	for _, m := range w.metrics {
-		worst, ok := extreme(r.samples[m.id]["qcowfs"], m.unit, false)
-		best, ok2 := extreme(r.samples[m.id][c.id], m.unit, true)
-		if !ok || !ok2 {
+		q, _ := summarize(r.samples[m.id]["qcowfs"], m.unit)
+		p, _ := summarize(r.samples[m.id][c.id], m.unit)
+		if q.n == 0 || p.n == 0 {
 			continue
 		}
-		if m.unit.lowerBetter() && best < settleFactor*worst || !m.unit.lowerBetter() && best*settleFactor > worst {
+		// q.lo is qcowfs's worst run, p.hi the peer's best.
+		if m.unit.lowerBetter() && p.hi < settleFactor*q.lo || !m.unit.lowerBetter() && p.hi*settleFactor > q.lo {
 			return false
 		}
 		compared = true
 	}
 	return compared
-}
-
-// extreme is the best (or worst) value of the measured samples ss in
-// unit u; false if there is none.
-func extreme(ss []sample, u unit, best bool) (float64, bool) {
-	var x float64
-	n := 0
-	for _, s := range ss {
-		if s.timedOut || s.skipped != "" {
-			continue
-		}
-		v := s.value(u)
-		if n == 0 || better(u, v, x) == best {
-			x = v
-		}
-		n++
-	}
-	return x, n > 0
 }
 
 // add records a sample: in the table when it is a complete measurement
