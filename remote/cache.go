@@ -62,7 +62,13 @@ const (
 // reference bit; the hand clears bits as it sweeps, and takes the first
 // slot that is unpinned, not loading, and not referenced since the hand's
 // last pass. CLOCK makes a hit cost one map lookup and one store, with no
-// list to relink.
+// list to relink. Chunks unlikely to be read again (those a sequential
+// reader has read past, and a closed object's) are queued for reuse, and
+// the queue is drained before the hand moves: a scan through a cache
+// smaller than the object then cycles through its own slots and leaves
+// the other chunks alone, instead of sweeping them out. A queued chunk
+// stays cached until its slot is taken, and a hit meanwhile (a reader
+// behind the scan) takes it off the queue.
 //
 // mu guards the index, the hand and each slot's key, state and ref. It is
 // held for bookkeeping only: never while a chunk is fetched or copied.
@@ -74,14 +80,33 @@ type cache struct {
 	index map[chunkKey]*slot
 	hand  int
 	used  int // slots with a buffer
+	// queue is the slots to reuse first, oldest from head on; an entry is
+	// stale once its slot holds another chunk, is pinned, or was hit since.
+	queue []queued
+	head  int
+	// past remembers the chunks released since (at most len(slots) of
+	// them, oldest forgotten first), cached or not: a prefetch skips them,
+	// since a reader has been through them (another stream's window often
+	// reaches back over what a stream read).
+	past     map[chunkKey]struct{}
+	pastRing []chunkKey
+	pastNext int
+}
+
+// queued is a slot queued for reuse, with the chunk it held then.
+type queued struct {
+	s   *slot
+	key chunkKey
 }
 
 func newCache(chunkSize, cacheSize int64) *cache {
 	n := int(cacheSize / chunkSize)
 	return &cache{
-		chunk: int(chunkSize),
-		slots: make([]slot, n),
-		index: make(map[chunkKey]*slot, n),
+		chunk:    int(chunkSize),
+		slots:    make([]slot, n),
+		index:    make(map[chunkKey]*slot, n),
+		past:     make(map[chunkKey]struct{}, n),
+		pastRing: make([]chunkKey, n),
 	}
 }
 
@@ -105,6 +130,7 @@ func (c *cache) get(k chunkKey) (*slot, getResult) {
 		c.mu.Unlock()
 		return nil, noSlot
 	}
+	delete(c.past, k) // read again: no longer a chunk to skip
 	s.key, s.state, s.ref = k, slotLoading, true
 	s.done, s.err, s.n = make(chan struct{}), nil, 0
 	s.pins.Add(1)
@@ -121,8 +147,29 @@ func (c *cache) get(k chunkKey) (*slot, getResult) {
 }
 
 // evict returns a slot to reuse, out of the index, or nil if every slot is
-// pinned or loading. Called with mu held.
+// pinned or loading: once every slot has a buffer, a released one if there
+// is one, else the hand's. Called with mu held.
 func (c *cache) evict() *slot {
+	for c.used == len(c.slots) && c.head < len(c.queue) {
+		q := c.queue[c.head]
+		c.queue[c.head] = queued{}
+		c.head++
+		s := q.s
+		if s.pins.Load() != 0 || s.key != q.key {
+			continue
+		}
+		switch {
+		case s.state == slotFree:
+			return s
+		case s.state == slotReady && !s.ref:
+			delete(c.index, s.key)
+			s.state = slotFree
+			return s
+		}
+	}
+	if c.head == len(c.queue) {
+		c.queue, c.head = c.queue[:0], 0
+	}
 	for range 2 * len(c.slots) {
 		s := &c.slots[c.hand]
 		c.hand = (c.hand + 1) % len(c.slots)
@@ -171,8 +218,62 @@ func (c *cache) drop(id uint64) {
 		if s.key.obj == id && s.state == slotReady {
 			delete(c.index, s.key)
 			s.state, s.ref = slotFree, false
+			c.enqueue(s)
 		}
 	}
+}
+
+// release queues the ready chunks [from, to) of object id for reuse: a
+// sequential reader has read past them.
+func (c *cache) release(id uint64, from, to int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := from; i < to; i++ {
+		k := chunkKey{id, i}
+		if s := c.index[k]; s != nil && s.state == slotReady {
+			s.ref = false
+			c.enqueue(s)
+		}
+		c.remember(k)
+	}
+}
+
+// remember adds k to the released chunks, forgetting the oldest if full.
+// Called with mu held.
+func (c *cache) remember(k chunkKey) {
+	if _, ok := c.past[k]; ok || len(c.pastRing) == 0 {
+		return
+	}
+	old := c.pastRing[c.pastNext]
+	if _, ok := c.past[old]; ok && old != k {
+		delete(c.past, old)
+	}
+	c.pastRing[c.pastNext] = k
+	c.pastNext = (c.pastNext + 1) % len(c.pastRing)
+	c.past[k] = struct{}{}
+}
+
+// wasReleased says whether chunk k was released lately (see past).
+func (c *cache) wasReleased(k chunkKey) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.past[k]
+	return ok
+}
+
+// enqueue queues s, holding the chunk it holds now, for reuse. The queue
+// holds at most one entry per slot beyond what was taken (older entries
+// are compacted away). Called with mu held.
+func (c *cache) enqueue(s *slot) {
+	if len(c.queue)-c.head >= len(c.slots) {
+		return
+	}
+	if c.head > len(c.slots) {
+		n := copy(c.queue, c.queue[c.head:])
+		clear(c.queue[n:])
+		c.queue, c.head = c.queue[:n], 0
+	}
+	c.queue = append(c.queue, queued{s, s.key})
 }
 
 // stats reports the slots holding buffers and the ones holding chunks.

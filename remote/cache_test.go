@@ -74,3 +74,59 @@ func TestCacheSlots(t *testing.T) {
 		t.Errorf("drop left %d chunks", chunks)
 	}
 }
+
+// TestCacheRelease: a released chunk stays cached until a slot is needed,
+// then its slot is the one taken, before the hand's; a released chunk hit
+// again (a reader behind the scan) is not taken first. (That a scan's
+// released slots keep the other chunks cached is TestScanKeepsEarlierChunks.)
+func TestCacheRelease(t *testing.T) {
+	c := newCache(4096, 4*4096)
+	k := func(i int64) chunkKey { return chunkKey{1, i} }
+	load := func(i int64) *slot {
+		t.Helper()
+		s, r := c.get(k(i))
+		if r != reserved {
+			t.Fatalf("get(%d) = %v, want reserved", i, r)
+		}
+		s.buf[0] = byte(i)
+		c.finish(s, 4096, nil)
+		s.unpin()
+		return s
+	}
+	hits := func(ids ...int64) {
+		t.Helper()
+		for _, i := range ids {
+			s, r := c.get(k(i))
+			if r != hit || s.buf[0] != byte(i) {
+				t.Fatalf("chunk %d = %v, want a hit", i, r)
+			}
+			s.unpin()
+		}
+	}
+	for i := range int64(4) {
+		load(i)
+	}
+	c.release(1, 2, 3)
+	hits(2) // still cached; this hit makes it wanted again
+	c.release(1, 2, 3)
+	load(4) // takes chunk 2's slot
+	hits(0, 1, 3, 4)
+	if _, r := c.get(k(2)); r != reserved {
+		t.Fatalf("chunk 2 = %v, want reserved: its slot should have been reused", r)
+	}
+
+	// Two slots: A released, then hit again; B not referenced since the
+	// hand's last pass. The next load must take B, not A.
+	c = newCache(4096, 2*4096)
+	a, b := load(10), load(11)
+	c.release(1, 10, 11)
+	hits(10)
+	c.mu.Lock()
+	b.ref = false
+	c.mu.Unlock()
+	load(12)
+	hits(10, 12)
+	if a.key != k(10) {
+		t.Fatalf("chunk 10's slot now holds %v", a.key)
+	}
+}

@@ -110,7 +110,8 @@ func (o *Object) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 		return 0, nil
 	}
 	end := off + int64(len(want))
-	if from, to := o.ra.advise(off, end, o); from < to {
+	from, to, past, pastEnd := o.ra.advise(off, end, o)
+	if from < to {
 		o.prefetch(from, to)
 	}
 	if err := o.read(ctx, want, off); err != nil {
@@ -119,6 +120,9 @@ func (o *Object) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 			o.setChanged(err)
 		}
 		return 0, o.fail(off, len(p), err)
+	}
+	if past < pastEnd {
+		o.c.cache.release(o.id, past, pastEnd)
 	}
 	if len(want) < len(p) {
 		return len(want), io.EOF
@@ -396,8 +400,8 @@ func (o *Object) fetchRun(run []*slot, prefetch bool) {
 	}
 }
 
-// prefetch starts fetches of the chunks [from, to) that are not cached or
-// on their way, in runs of adjacent chunks. It stops at the first chunk
+// prefetch starts fetches of the chunks [from, to) that are not cached, on
+// their way, or released lately (cache.past), in runs of adjacent chunks. It stops at the first chunk
 // that gets no slot: the cache is busy enough.
 func (o *Object) prefetch(from, to int64) {
 	maxRun := int(o.c.opts.MaxRequest / o.c.opts.ChunkSize)
@@ -410,6 +414,10 @@ func (o *Object) prefetch(from, to int64) {
 		}
 	}
 	for i := from; i < to; i++ {
+		if o.c.cache.wasReleased(o.key(i)) {
+			flush() // a reader has been through it
+			continue
+		}
 		s, r := o.c.cache.get(o.key(i))
 		switch r {
 		case noSlot:

@@ -18,7 +18,12 @@ import "sync"
 // chunks ahead of it that starts at one chunk and doubles each time the
 // reader has used half of it, up to MaxReadahead.
 // Prefetching in half-window steps makes each prefetch a few large range
-// requests rather than one small request per chunk.
+// requests rather than one small request per chunk. The chunks a stream
+// has read through, every byte (wholly within its latest run of reads
+// without a gap, and before the chunk of its latest read), are released
+// from the cache (cache.release): a scan does not come back, and its slots
+// are then the ones it reuses. A chunk it skipped part of is left: another
+// reader may want that part.
 //
 // mu guards the streams; it is held for this bookkeeping only.
 type readahead struct {
@@ -30,22 +35,25 @@ type readahead struct {
 const maxStreams = 4
 
 type stream struct {
-	next  int64  // where the stream's reads have got to (bytes)
-	ahead int64  // chunks before this index are read or prefetched
-	win   int64  // the window, in chunks; 0 until prefetching starts
-	hits  int    // reads that continued the stream
-	used  uint64 // readahead.tick at the last read; 0: slot unused
+	next   int64  // where the stream's reads have got to (bytes)
+	ahead  int64  // chunks before this index are read or prefetched
+	behind int64  // chunks before this index are released, or not the stream's to release
+	run    int64  // where the stream's latest run of reads without a gap began (bytes)
+	win    int64  // the window, in chunks; 0 until prefetching starts
+	hits   int    // reads that continued the stream
+	used   uint64 // readahead.tick at the last read; 0: slot unused
 }
 
 // advise records a read of [off, end) of o and returns the chunks to
-// prefetch, [from, to): empty for none.
-func (r *readahead) advise(off, end int64, o *Object) (from, to int64) {
+// prefetch, [from, to), and the chunks the stream has read past, to
+// release once this read is done, [past, pastEnd); either may be empty.
+func (r *readahead) advise(off, end int64, o *Object) (from, to, past, pastEnd int64) {
 	cs := o.c.opts.ChunkSize
 	maxWin := o.c.opts.MaxReadahead / cs
 	if maxWin == 0 {
-		return 0, 0
+		return 0, 0, 0, 0
 	}
-	lastChunk := (end - 1) / cs
+	firstChunk, lastChunk := off/cs, (end-1)/cs
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.tick++
@@ -64,31 +72,38 @@ func (r *readahead) advise(off, end int64, o *Object) (from, to int64) {
 				lru = &r.streams[i]
 			}
 		}
-		*lru = stream{next: end, ahead: lastChunk + 1, used: r.tick}
-		return 0, 0
+		*lru = stream{next: end, ahead: lastChunk + 1, behind: firstChunk, run: off, used: r.tick}
+		return 0, 0, 0, 0
 	}
 	st.used = r.tick
 	if end <= st.next {
-		return 0, 0 // behind the stream's end: nothing new about it
+		return 0, 0, 0, 0 // behind the stream's end: nothing new about it
+	}
+	if off > st.next {
+		st.run = off // a gap: what it skipped may be read by someone else
 	}
 	st.next = end
+	if from := max(st.behind, (st.run+cs-1)/cs); firstChunk > from {
+		past, pastEnd = from, firstChunk
+		st.behind = firstChunk
+	}
 	if st.hits++; st.hits < 2 {
 		st.ahead = max(st.ahead, lastChunk+1)
-		return 0, 0
+		return 0, 0, past, pastEnd
 	}
 	if st.win == 0 {
 		st.win = 1
 		st.ahead = max(st.ahead, lastChunk+1)
 	} else if st.ahead-(lastChunk+1) > st.win/2 {
-		return 0, 0 // more than half the window is still ahead
+		return 0, 0, past, pastEnd // more than half the window is still ahead
 	} else {
 		st.win = min(2*st.win, maxWin)
 	}
 	from = max(st.ahead, lastChunk+1)
 	to = min(lastChunk+1+st.win, o.nchunks)
 	if from >= to {
-		return 0, 0
+		return 0, 0, past, pastEnd
 	}
 	st.ahead = to
-	return from, to
+	return from, to, past, pastEnd
 }

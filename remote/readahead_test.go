@@ -266,3 +266,43 @@ func TestReadaheadWaitsForConnections(t *testing.T) {
 		t.Errorf("%d requests for %d bytes; at most %d expected with %d-byte requests", st.Requests, size, most, opts.MaxRequest)
 	}
 }
+
+// TestScanKeepsEarlierChunks: a sequential scan through a cache smaller
+// than the object reuses the slots of the chunks it has read past, not
+// those of chunks another reader fetched earlier and the scan has yet to
+// reach. This is cp of a sparse remote image: qcowfs counts the image's
+// data in the background (an L2 table read in each chunk it touches, the
+// rest of the chunk being the data the copy reads next), while cp
+// streams through the data; with the scan's chunks kept, the count's were
+// evicted and fetched a second time. Every chunk must be fetched once.
+func TestScanKeepsEarlierChunks(t *testing.T) {
+	const size = 16 << 20
+	ng, data := nginxWith(t, size, false)
+	opts := testOptions(nil)
+	opts.CacheSize = 4 << 20 // 64 chunks, a quarter of the object
+	c := newClient(t, opts)
+	o := open(t, c, ng.URL+"/disk.img")
+	cs := opts.ChunkSize
+	// The earlier reader: 4 KiB in every 16th chunk, 15 chunks.
+	p := make([]byte, 4096)
+	for off := int64(1 << 20); off < size; off += 1 << 20 {
+		if _, err := o.ReadAt(p, off+100); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(p, data[off+100:off+100+4096]) {
+			t.Fatalf("read at %d differs", off+100)
+		}
+	}
+	// Open fetched the first chunk (counted for the Client only).
+	if st := c.Stats(); st.Bytes != 16*cs {
+		t.Fatalf("opening and the isolated reads fetched %d bytes, want %d: %+v", st.Bytes, 16*cs, st)
+	}
+	if !bytes.Equal(readAll(t, o, int(cs)), data) {
+		t.Fatal("sequential read differs")
+	}
+	st := c.Stats()
+	t.Logf("isolated reads, then a scan of %d chunks through a cache of %d: %+v", size/cs, opts.CacheSize/cs, st)
+	if st.Bytes != size {
+		t.Errorf("%d bytes fetched for a %d byte object (%.3fx): chunks were fetched twice", st.Bytes, size, float64(st.Bytes)/size)
+	}
+}
