@@ -63,8 +63,9 @@ const (
 // slot that is unpinned, not loading, and not referenced since the hand's
 // last pass. CLOCK makes a hit cost one map lookup and one store, with no
 // list to relink. Chunks unlikely to be read again (those a sequential
-// reader has read past, and a closed object's) are queued for reuse, and
-// the queue is drained before the hand moves: a scan through a cache
+// reader has read through, and a closed object's) are queued for reuse,
+// and once every slot has a buffer the queue is drained before the hand
+// moves: a scan through a cache
 // smaller than the object then cycles through its own slots and leaves
 // the other chunks alone, instead of sweeping them out. A queued chunk
 // stays cached until its slot is taken, and a hit meanwhile (a reader
@@ -223,8 +224,8 @@ func (c *cache) drop(id uint64) {
 	}
 }
 
-// release queues the ready chunks [from, to) of object id for reuse: a
-// sequential reader has read past them.
+// release queues the ready chunks [from, to) of object id for reuse, and
+// remembers them all (past): a sequential reader has read through them.
 func (c *cache) release(id uint64, from, to int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -401,8 +401,8 @@ func (o *Object) fetchRun(run []*slot, prefetch bool) {
 }
 
 // prefetch starts fetches of the chunks [from, to) that are not cached, on
-// their way, or released lately (cache.past), in runs of adjacent chunks. It stops at the first chunk
-// that gets no slot: the cache is busy enough.
+// their way, or released lately (cache.past), in runs of adjacent chunks.
+// It stops at the first chunk that gets no slot: the cache is busy enough.
 func (o *Object) prefetch(from, to int64) {
 	maxRun := int(o.c.opts.MaxRequest / o.c.opts.ChunkSize)
 	var run []*slot

@@ -45,7 +45,7 @@ type stream struct {
 }
 
 // advise records a read of [off, end) of o and returns the chunks to
-// prefetch, [from, to), and the chunks the stream has read past, to
+// prefetch, [from, to), and the chunks the stream has read through, to
 // release once this read is done, [past, pastEnd); either may be empty.
 func (r *readahead) advise(off, end int64, o *Object) (from, to, past, pastEnd int64) {
 	cs := o.c.opts.ChunkSize
