@@ -245,10 +245,7 @@ func (c *cache) remember(k chunkKey) {
 	if _, ok := c.past[k]; ok || len(c.pastRing) == 0 {
 		return
 	}
-	old := c.pastRing[c.pastNext]
-	if _, ok := c.past[old]; ok && old != k {
-		delete(c.past, old)
-	}
+	delete(c.past, c.pastRing[c.pastNext])
 	c.pastRing[c.pastNext] = k
 	c.pastNext = (c.pastNext + 1) % len(c.pastRing)
 	c.past[k] = struct{}{}

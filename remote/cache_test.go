@@ -5,38 +5,44 @@ import (
 	"testing"
 )
 
+// testChunk is chunk i of object 1, the object of the cache tests.
+func testChunk(i int64) chunkKey { return chunkKey{1, i} }
+
+// loadChunk loads chunk i into c (its first byte is i) and returns its
+// slot, still pinned.
+func loadChunk(t *testing.T, c *cache, i int64) *slot {
+	t.Helper()
+	s, r := c.get(testChunk(i))
+	if r != reserved {
+		t.Fatalf("get(%d) = %v, want reserved", i, r)
+	}
+	s.buf[0] = byte(i)
+	c.finish(s, 4096, nil)
+	return s
+}
+
 // TestCacheSlots: pinned and loading slots are never reused; with every
 // slot busy, get says noSlot; CLOCK gives a hit chunk a second chance; a
 // failed load leaves the index so the next reader loads it again.
 func TestCacheSlots(t *testing.T) {
 	c := newCache(4096, 3*4096)
-	k := func(i int64) chunkKey { return chunkKey{1, i} }
-	load := func(i int64) *slot {
-		t.Helper()
-		s, r := c.get(k(i))
-		if r != reserved {
-			t.Fatalf("get(%d) = %v, want reserved", i, r)
-		}
-		s.buf[0] = byte(i)
-		c.finish(s, 4096, nil)
-		return s
-	}
+	load := func(i int64) *slot { return loadChunk(t, c, i) }
 	a, b := load(0), load(1)
-	s2, r := c.get(k(2)) // loading, pinned
+	s2, r := c.get(testChunk(2)) // loading, pinned
 	if r != reserved {
 		t.Fatalf("get(2) = %v", r)
 	}
-	if _, r := c.get(k(3)); r != noSlot {
+	if _, r := c.get(testChunk(3)); r != noSlot {
 		t.Fatalf("every slot pinned: get(3) = %v, want noSlot", r)
 	}
-	if s, r := c.get(k(2)); r != wait || s != s2 {
+	if s, r := c.get(testChunk(2)); r != wait || s != s2 {
 		t.Fatalf("get of a loading chunk = %v, want wait on its slot", r)
 	} else {
 		s.unpin()
 	}
 	c.finish(s2, 4096, errors.New("boom"))
 	s2.unpin()
-	s, r := c.get(k(2))
+	s, r := c.get(testChunk(2))
 	if r != reserved {
 		t.Fatalf("after a failed load get(2) = %v, want reserved again", r)
 	}
@@ -47,21 +53,21 @@ func TestCacheSlots(t *testing.T) {
 	// All three ready with their reference bits set: the hand clears them
 	// in one sweep and takes chunk 0's slot (the oldest). Touch chunk 1 in
 	// between: it must survive the next eviction too.
-	s, r = c.get(k(3))
+	s, r = c.get(testChunk(3))
 	if r != reserved {
 		t.Fatalf("get(3) = %v", r)
 	}
 	c.finish(s, 4096, nil)
 	s.unpin()
-	if s, r := c.get(k(1)); r != hit || s.buf[0] != 1 {
+	if s, r := c.get(testChunk(1)); r != hit || s.buf[0] != 1 {
 		t.Fatalf("chunk 1 = %v", r)
 	} else {
 		s.unpin()
 	}
-	s, _ = c.get(k(4))
+	s, _ = c.get(testChunk(4))
 	c.finish(s, 4096, nil)
 	s.unpin()
-	if s, r := c.get(k(1)); r != hit {
+	if s, r := c.get(testChunk(1)); r != hit {
 		t.Errorf("chunk 1, touched, was evicted before untouched chunk 2 (%v)", r)
 	} else {
 		s.unpin()
@@ -81,22 +87,16 @@ func TestCacheSlots(t *testing.T) {
 // released slots keep the other chunks cached is TestScanKeepsEarlierChunks.)
 func TestCacheRelease(t *testing.T) {
 	c := newCache(4096, 4*4096)
-	k := func(i int64) chunkKey { return chunkKey{1, i} }
 	load := func(i int64) *slot {
 		t.Helper()
-		s, r := c.get(k(i))
-		if r != reserved {
-			t.Fatalf("get(%d) = %v, want reserved", i, r)
-		}
-		s.buf[0] = byte(i)
-		c.finish(s, 4096, nil)
+		s := loadChunk(t, c, i)
 		s.unpin()
 		return s
 	}
 	hits := func(ids ...int64) {
 		t.Helper()
 		for _, i := range ids {
-			s, r := c.get(k(i))
+			s, r := c.get(testChunk(i))
 			if r != hit || s.buf[0] != byte(i) {
 				t.Fatalf("chunk %d = %v, want a hit", i, r)
 			}
@@ -111,7 +111,7 @@ func TestCacheRelease(t *testing.T) {
 	c.release(1, 2, 3)
 	load(4) // takes chunk 2's slot
 	hits(0, 1, 3, 4)
-	if _, r := c.get(k(2)); r != reserved {
+	if _, r := c.get(testChunk(2)); r != reserved {
 		t.Fatalf("chunk 2 = %v, want reserved: its slot should have been reused", r)
 	}
 
@@ -126,7 +126,7 @@ func TestCacheRelease(t *testing.T) {
 	c.mu.Unlock()
 	load(12)
 	hits(10, 12)
-	if a.key != k(10) {
+	if a.key != testChunk(10) {
 		t.Fatalf("chunk 10's slot now holds %v", a.key)
 	}
 }
