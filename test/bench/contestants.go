@@ -231,6 +231,20 @@ func (b *bench) abortExposure(e *exposure) func() {
 	}
 }
 
+// abortHung aborts the FUSE connection of an exposure whose command timed
+// out, before what was built on it (a guest mount, a loop device) is torn
+// down: unmounting a guest file system waits for the reads still queued on
+// the daemon, which a slow one (qemu's export over curl) answers for
+// minutes, where an aborted connection fails them at once.
+func (b *bench) abortHung(e *exposure) {
+	if !e.hung || e.mnt == "" {
+		return
+	}
+	if err := b.abortFUSE(e.mnt); err != nil {
+		fmt.Fprintf(b.log, "abort %s: %v\n", e.mnt, err)
+	}
+}
+
 // mountDir makes a fresh, empty folder (or, with file, an empty regular
 // file: qemu's FUSE export mounts on a file) for a mount point.
 func (b *bench) mountDir(id string, file bool) (string, error) {
@@ -382,7 +396,14 @@ func exposeQemuNode(b *bench, id, env, fileNode string, writable bool) (*exposur
 	e := &exposure{file: file, mnt: file, pid: pc.Process.Pid}
 	down := b.push("stop qemu-storage-daemon "+file, func() error {
 		var errs []error
-		pc.Process.Signal(syscall.SIGTERM)
+		if e.hung {
+			// Timed out: its connection is aborted already
+			// (abortHung), and a daemon still waiting on curl
+			// ignores SIGTERM.
+			pc.Process.Kill()
+		} else {
+			pc.Process.Signal(syscall.SIGTERM)
+		}
 		select {
 		case <-exited:
 		case <-time.After(15 * time.Second):

@@ -111,6 +111,7 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 		if n := e.peak(); n > 0 {
 			res.rss[id] = max(res.rss[id], n)
 		}
+		b.abortHung(e)
 		for j := len(e.undos) - 1; j >= 0; j-- {
 			b.undo(e.undos[j])
 		}
@@ -185,9 +186,7 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 				return res
 			}
 			c := contestantByID(id)
-			if run > settleRuns && res.settle(w, c) {
-				res.settled[id] = true
-				res.notes[id] = append(res.notes[id], fmt.Sprintf("stopped after %d runs: every one at least %.1fx behind qcowfs's worst", settleRuns, settleFactor))
+			if res.settleNow(w, c, run, b.runsOf(w)) {
 				continue
 			}
 			// A fresh exposure for every run, made just before it and
@@ -246,32 +245,54 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 	return res
 }
 
-// A peer that is far behind is not run to the end: after settleRuns runs
-// of a workload with more, a peer every one of whose runs is at least
-// settleFactor behind qcowfs's worst run so far, in every metric, stops
-// there. More runs would refine a median that no target is near (the
-// targets ask for 1.2x to 3x against these peers, where a peer this far
-// behind has shown 1.5x in every run), and the slowest peers take most of
-// a run's time. qcowfs, the baselines (the raw file, qemu-img convert)
-// and every peer closer than that run to the end.
-const (
-	settleRuns   = 3
-	settleFactor = 1.5
-)
+// A peer that is far behind is not run to the end: once it has run a
+// majority of the runs planned (3 of 5, 2 of 3), a peer every one of whose
+// runs is at least settleFactor behind the subject's (qcowfs's) worst run
+// so far, in every metric (but those marked unsettled), stops there. Its median is then settled: with a
+// majority of the runs past that line, the median of all of them would be
+// past it too, whatever the rest measured. More runs would refine a number
+// no verdict depends on, and the slowest peers take most of a run's time.
+// qcowfs, the baselines (the raw file, qemu-img convert, curl) and every
+// peer closer than that run to the end.
+const settleFactor = 1.5
+
+// settleAfter is the runs a peer makes before it may stop: a majority of
+// the runs planned.
+func settleAfter(runs int) int { return runs/2 + 1 }
+
+// settleNow says whether peer c stops before run (of runs planned), and
+// notes it when it does.
+func (r *wlResult) settleNow(w *workload, c *contestant, run, runs int) bool {
+	if r.settled[c.id] || run <= settleAfter(runs) || !r.settle(w, c) {
+		return r.settled[c.id]
+	}
+	r.settled[c.id] = true
+	r.notes[c.id] = append(r.notes[c.id], fmt.Sprintf("stopped after %d runs: every one at least %.1fx behind qcowfs's worst", run-1, settleFactor))
+	return true
+}
 
 // settle says whether peer c may stop (above).
 func (r *wlResult) settle(w *workload, c *contestant) bool {
 	if c.role != peer {
 		return false
 	}
+	subj := ""
+	for _, id := range w.who {
+		if contestantByID(id).role == subject {
+			subj = id
+		}
+	}
 	compared := false
 	for _, m := range w.metrics {
-		q, _ := summarize(r.samples[m.id]["qcowfs"], m.unit)
+		if m.unsettled {
+			continue
+		}
+		q, _ := summarize(r.samples[m.id][subj], m.unit)
 		p, _ := summarize(r.samples[m.id][c.id], m.unit)
 		if q.n == 0 || p.n == 0 {
 			continue
 		}
-		// q.lo is qcowfs's worst run, p.hi the peer's best.
+		// q.lo is the subject's worst run, p.hi the peer's best.
 		if m.unit.lowerBetter() && p.hi < settleFactor*q.lo || !m.unit.lowerBetter() && p.hi*settleFactor > q.lo {
 			return false
 		}

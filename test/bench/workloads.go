@@ -42,6 +42,10 @@ type metric struct {
 	unit  unit
 	// detail keeps the metric out of the summary (its table stays).
 	detail bool
+	// unsettled: a peer's stop (settle, run.go) does not look at this
+	// metric: a worst latency is one request's, and host bytes per
+	// guest byte are read against the guest's bytes, not against qcowfs.
+	unsettled bool
 }
 
 // A workload is one thing done to one image by every contestant in turn.
