@@ -465,9 +465,21 @@ func (b *bench) remoteWorkloads(rtts []time.Duration, quick bool) []*workload {
 			w.measure = counted(w.measure)
 			return w
 		}
+		// Over loopback qemu's export over curl stalls: it timed out in
+		// every loopback workload of every full run up to 2026-12-02
+		// (20 to 80 s each, its teardown included). Once it has timed
+		// out in the first one, the 2 GiB copy, the others skip it.
+		stalls := ""
+		if rtt == 0 && !quick {
+			stalls = "r-cp-plain-" + tag
+		}
 		for _, img := range []struct{ name, what string }{{"plain", "2 GiB plain"}, {"sparse1t", "1 TiB sparse"}} {
+			skip := stalls
+			if img.name == "plain" {
+				skip = ""
+			}
 			p = append(p, mk(&workload{
-				id: "r-cp-" + img.name + "-" + tag, image: img.name, who: copyWho, outTmpfs: true,
+				id: "r-cp-" + img.name + "-" + tag, image: img.name, who: copyWho, outTmpfs: true, skipIfTimedOut: skip,
 				title: fmt.Sprintf("remote: cp --sparse=always of the %s image over HTTP, %s", img.what, where),
 				metrics: []metric{{id: "time", unit: seconds, short: fmt.Sprintf("remote cp %s, %s", img.what, where),
 					title: fmt.Sprintf("remote copy of the %s image, %s: cp --sparse=always of the mount, qemu-img convert of the URL, curl of the file", img.what, where)}},
@@ -489,13 +501,13 @@ func (b *bench) remoteWorkloads(rtts []time.Duration, quick bool) []*workload {
 				measure:        measureDDCold, what: ddWhat + " A fresh mount per run, caches dropped first.",
 			}),
 			mk(&workload{
-				id: "r-fio-plain-" + tag, image: "plain", who: fuse,
+				id: "r-fio-plain-" + tag, image: "plain", who: fuse, skipIfTimedOut: stalls,
 				title:   "remote: fio 4 KiB random reads of the 2 GiB plain image over HTTP, " + where,
 				metrics: []metric{{id: "iops", unit: iops, short: "remote fio 4K, " + where, title: fmt.Sprintf("remote fio 4 KiB random read, psync, 4 jobs, O_DIRECT, %v, %s", b.cfg.fioTime, where)}},
 				measure: measureFio, what: "`fio " + strings.Join(b.fioArgs("FILE"), " ") + "`; a fresh mount per run.",
 			}),
 			mk(&workload{
-				id: "r-guest-" + tag, image: "guest", who: fuse, timeout: guestLimit,
+				id: "r-guest-" + tag, image: "guest", who: fuse, timeout: guestLimit, skipIfTimedOut: stalls,
 				title:   "remote: every file of the guest's ext4 partition over HTTP, through a loop device, " + where,
 				metrics: []metric{{id: "time", unit: seconds, short: "remote guest tar, " + where, title: "remote guest partition read (loop device, partx, ext4 ro,noload, tar of every file), " + where}},
 				prepare: prepareGuest, measure: measureGuest,
