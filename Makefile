@@ -90,7 +90,7 @@ BENCH_FLAGS ?=
 bench-deps:
 	@scripts/deps.sh $(BENCH_PKGS)
 
-bench: bench-deps build        # the full suite, 34 to 42 minutes here (docs/benchmarks.md; BENCH_FLAGS="--skip r-" for 21 to 28)
+bench: bench-deps build        # the full suite, 30 to 33 minutes here (docs/benchmarks.md; BENCH_FLAGS="--skip r-" for about 23)
 	$(GO) run ./test/bench --build=false --bin $(BIN) $(BENCH_FLAGS)
 
 bench-quick: bench-deps build  # a subset in under 3 minutes (2m54s here)

@@ -248,12 +248,12 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 // A peer that is far behind is not run to the end: once it has run a
 // majority of the runs planned (3 of 5, 2 of 3), a peer every one of whose
 // runs is at least settleFactor behind the subject's (qcowfs's) worst run
-// so far, in every metric (but those marked unsettled), stops there. Its median is then settled: with a
-// majority of the runs past that line, the median of all of them would be
-// past it too, whatever the rest measured. More runs would refine a number
-// no verdict depends on, and the slowest peers take most of a run's time.
-// qcowfs, the baselines (the raw file, qemu-img convert, curl) and every
-// peer closer than that run to the end.
+// so far, in every metric but those marked unsettled, stops there. Its
+// median is then settled: with a majority of the runs past that line, the
+// median of all of them would be past it too, whatever the rest measured.
+// More runs would refine a number no verdict depends on, and the slowest
+// peers take most of a run's time. qcowfs, the baselines (the raw file,
+// qemu-img convert, curl) and every peer closer than that run to the end.
 const settleFactor = 1.5
 
 // settleAfter is the runs a peer makes before it may stop: a majority of
