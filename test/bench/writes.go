@@ -230,7 +230,8 @@ func (b *bench) writeRun(w *workload, c *contestant, targets map[string]*target,
 		}
 		notes = append(notes, note)
 	}
-	// The data is read back after the first run (above).
+	// The data is read back after the first run only (the comment at the
+	// top of this file says why).
 	if w.write.verify != nil && run == 1 {
 		note, err := w.write.verify(b, w, t)
 		if err != nil {
