@@ -260,11 +260,11 @@ const settleFactor = 1.5
 // the runs planned.
 func settleAfter(runs int) int { return runs/2 + 1 }
 
-// settleNow says whether peer c stops before run (of runs planned), and
-// notes it when it does.
+// settleNow says whether peer c, not settled yet, stops before run (of
+// runs planned), and marks and notes it when it does.
 func (r *wlResult) settleNow(w *workload, c *contestant, run, runs int) bool {
-	if r.settled[c.id] || run <= settleAfter(runs) || !r.settle(w, c) {
-		return r.settled[c.id]
+	if run <= settleAfter(runs) || !r.settle(w, c) {
+		return false
 	}
 	r.settled[c.id] = true
 	r.notes[c.id] = append(r.notes[c.id], fmt.Sprintf("stopped after %d runs: every one at least %.1fx behind qcowfs's worst", run-1, settleFactor))
@@ -276,12 +276,7 @@ func (r *wlResult) settle(w *workload, c *contestant) bool {
 	if c.role != peer {
 		return false
 	}
-	subj := ""
-	for _, id := range w.who {
-		if contestantByID(id).role == subject {
-			subj = id
-		}
-	}
+	subj := subjectOf(w)
 	compared := false
 	for _, m := range w.metrics {
 		if m.unsettled {
