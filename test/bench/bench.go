@@ -51,6 +51,9 @@ type bench struct {
 	// net is the HTTP server and delaying proxies of the remote
 	// workloads (remote.go), started by the first of them.
 	net *remoteNet
+	// underStrace, during a syscall pass (syscalls.go), is the strace
+	// command line the next exposure's daemon starts under.
+	underStrace []string
 }
 
 func newBench(ctx context.Context, cfg config, repo string) (*bench, error) {

@@ -293,8 +293,12 @@ func mountQcowfs(b *bench, src, name string, flags ...string) (*exposure, error)
 	}
 	e := &exposure{mnt: mnt, file: filepath.Join(mnt, name+".raw")}
 	log := b.logPath(filepath.Base(mnt))
-	args := append(append([]string{"mount"}, flags...), "--log-file", log, src, mnt)
-	_, err = b.must(&cmd{name: b.cfg.bin, args: args, timeout: time.Minute})
+	name, args := b.daemonCommand(b.cfg.bin, append(append([]string{"mount"}, flags...), "--log-file", log, src, mnt))
+	c := &cmd{name: name, args: args, timeout: time.Minute}
+	if name != b.cfg.bin {
+		c.outFile = log + ".mount"
+	}
+	_, err = b.must(c)
 	if err != nil {
 		b.forceUnmount(mnt)
 		os.Remove(mnt)
@@ -376,7 +380,8 @@ func exposeQemuNode(b *bench, id, env, fileNode string, writable bool) (*exposur
 		return nil, err
 	}
 	defer logf.Close()
-	pc := exec.Command("qemu-storage-daemon", args...)
+	name, args := b.daemonCommand("qemu-storage-daemon", args)
+	pc := exec.Command(name, args...)
 	if env != "" {
 		pc.Env = append(os.Environ(), env)
 	}
@@ -384,7 +389,7 @@ func exposeQemuNode(b *bench, id, env, fileNode string, writable bool) (*exposur
 	// Its own process group: the terminal's Ctrl-C must not kill it
 	// before the bench unmounts it.
 	pc.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	fmt.Fprintf(b.log, "%s $ %s &\n", time.Now().Format("15:04:05.000"), shellQuote(append([]string{env, "qemu-storage-daemon"}, args...)))
+	fmt.Fprintf(b.log, "%s $ %s &\n", time.Now().Format("15:04:05.000"), shellQuote(append([]string{env, name}, args...)))
 	if err := pc.Start(); err != nil {
 		os.Remove(file)
 		return nil, err

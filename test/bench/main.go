@@ -78,7 +78,7 @@ func run() int {
 	flag.DurationVar(&cfg.timeout, "timeout", 5*time.Minute, "timeout of any one command")
 	flag.DurationVar(&cfg.fioTime, "fio-time", 3*time.Second, "fio run time")
 	flag.BoolVar(&cfg.imagesOnly, "images-only", false, "build the images the plan needs, then stop")
-	flag.BoolVar(&cfg.strace, "strace", true, "count the daemons' host syscalls in one untimed strace run after the timed ones (about 3 minutes of a full run)")
+	flag.BoolVar(&cfg.strace, "strace", true, "count the daemons' host syscalls in one untimed strace run after the timed ones (about a minute of a full run)")
 	flag.StringVar(&only, "only", "", "comma-separated workload ids (or prefixes) to run, e.g. dd-plain,cp-")
 	flag.StringVar(&skip, "skip", "", "comma-separated workload ids (or prefixes) to leave out, e.g. r- (the remote workloads) or w- (the writes)")
 	flag.Parse()

@@ -36,6 +36,11 @@ type cmd struct {
 	// cleanup marks a teardown command: it runs to completion (or its
 	// timeout) even after the bench was interrupted.
 	cleanup bool
+	// outFile, when set, is the file its stdout and stderr go to instead
+	// of pipes, read back as its stderr: for a command that leaves a
+	// process holding them (a daemon's detached tracer, syscalls.go),
+	// which pipes would wait for.
+	outFile string
 }
 
 func command(name string, args ...string) *cmd { return &cmd{name: name, args: args} }
@@ -86,6 +91,15 @@ func (b *bench) run(c *cmd) result {
 	var stdout, stderr capBuffer
 	stdout.max, stderr.max = 1<<20, 64<<10
 	ec.Stdout, ec.Stderr = &stdout, &stderr
+	var outF *os.File
+	if c.outFile != "" {
+		f, err := os.Create(c.outFile)
+		if err != nil {
+			return result{err: err, exitCode: -1}
+		}
+		defer f.Close()
+		outF, ec.Stdout, ec.Stderr = f, f, f
+	}
 	ec.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// Once the process has exited, do not wait long for anything it left
 	// holding its output pipes.
@@ -121,6 +135,10 @@ func (b *bench) run(c *cmd) result {
 	case <-interrupt:
 		res.elapsed = time.Since(start)
 		werr = b.kill(ec, done, c.stuck)
+	}
+	if outF != nil {
+		outF.Seek(0, io.SeekStart)
+		io.Copy(&stderr, outF)
 	}
 	res.stdout, res.stderr = stdout.String(), stderr.String()
 	switch {

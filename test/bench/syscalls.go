@@ -17,18 +17,22 @@ import (
 // and FIEMAP calls on the image a sparse copy costs, issue 5 how many read
 // calls per compressed cluster a sequential read costs (target: below
 // 0.1, i.e. one read serves ten clusters or more). After a workload's
-// timed runs, its command runs once more per traced daemon, with strace
-// attached to the daemon:
+// timed runs, its command runs once more per traced daemon, on a fresh
+// mount whose daemon starts under strace:
 //
-//	strace -f -c -q -U name,calls -o OUT -P IMG -e trace=lseek,ioctl,pread64,read,preadv,preadv2 -p PID
+//	strace -D -f --seccomp-bpf -ttt -qq -e signal=none -o OUT -P IMG -e trace=lseek,ioctl,pread64,read,preadv,preadv2 -- DAEMON ARGS
 //
-// -f -p attaches every thread of the daemon (Go's, qemu's thread pool) and
-// follows new ones. -P IMG keeps only the calls on the image file: a FUSE
-// daemon read(2)s every request from /dev/fuse, and those would swamp the
-// count. strace stops the daemon at every system call, whether it is
-// counted or not, which slows it several fold: the pass is untimed, and
-// comes after the timed runs. strace is stopped with SIGINT once the
-// command has ended; it then detaches and writes its summary (-c).
+// --seccomp-bpf has the kernel stop the daemon only at the traced calls,
+// not at every system call as ptrace alone does (a qcowfs cold read of the
+// zstd image took 17 s under `strace -f -p`, 5 s this way, 4.7 s untraced).
+// That needs the daemon started by strace, not attached to: -D makes
+// strace a detached grandchild, so that the daemon is still the process
+// the bench starts (qemu-storage-daemon) or that daemonizes itself
+// (qcowfs mount). -f follows its threads (Go's, qemu's thread pool). -P IMG
+// keeps only the calls on the image file: a FUSE daemon read(2)s every
+// request from /dev/fuse, and those would swamp the count. The calls are
+// counted from the -ttt timestamps between the start and the end of the
+// command, not from the mount's own reads of the header and tables.
 //
 // The traced daemon is a fresh mount, not the one of the timed runs: a
 // daemon keeps what it learnt (qcowfs the image's host extents and L2
@@ -75,7 +79,8 @@ func copySyscalls(who ...string) *syscallPass {
 // compressedReadSyscalls counts the read calls of one more cold dd of a
 // compressed image, by qcowfs. Not by qemu's export: it reads once per
 // cluster (1.005 on deflate, 1.013 on zstd in the full runs up to
-// 2026-12-02, docs/benchmarks.md), and its traced dd took 33 to 35 s.
+// 2026-12-02, docs/benchmarks.md), and its traced dd took 33 to 35 s
+// (under `strace -f -p`, which stopped it at every call).
 func compressedReadSyscalls() *syscallPass {
 	return &syscallPass{kind: perCompressedCluster, who: []string{"qcowfs"}, measure: measureDDCold}
 }
@@ -133,55 +138,80 @@ func (b *bench) countSyscalls(w *workload, res *wlResult) {
 	}
 }
 
-// traceOnce exposes w's image through c afresh, runs the pass's command
-// once with strace attached to the daemon, and tears the mount down.
+// traceOnce exposes w's image through c afresh, with the daemon under
+// strace, runs the pass's command once, tears the mount down and counts
+// the calls the command caused.
 func (b *bench) traceOnce(w *workload, c *contestant, clusters int64) syscallCount {
 	sc := syscallCount{Workload: w.id, Contestant: c.id, CompressedClusters: clusters}
 	im := imageByName(w.image)
-	e, err := c.expose(b, im, b.imageRoot(w))
-	if err != nil {
-		sc.Error = "mounting: " + err.Error()
-		return sc
-	}
-	e.c = c
-	defer func() {
-		for j := len(e.undos) - 1; j >= 0; j-- {
-			b.undo(e.undos[j])
-		}
-	}()
-	// The stat opens the image (qcowfs opens it on first use): the
-	// count starts with the copy, on a daemon that has read the header.
-	if err := b.checkExposed(e, mustSize(b, im)); err != nil {
-		sc.Error = err.Error()
-		return sc
-	}
-	if e.pid == 0 {
-		sc.Error = "the daemon's pid is not known"
-		return sc
-	}
 	img, err := filepath.EvalSymlinks(filepath.Join(b.imageRoot(w), "img", w.image, w.image+".qcow2"))
 	if err != nil {
 		sc.Error = err.Error()
 		return sc
 	}
-	t, err := b.attachStrace(e.pid, img)
+	dir := filepath.Join(b.cfg.work, "strace")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		sc.Error = err.Error()
+		return sc
+	}
+	out := filepath.Join(dir, w.id+"-"+c.id+".txt")
+	os.Remove(out)
+	b.underStrace = straceCommand(out, img)
+	e, err := c.expose(b, im, b.imageRoot(w))
+	b.underStrace = nil
+	if err != nil {
+		sc.Error = "mounting: " + err.Error()
+		return sc
+	}
+	e.c = c
+	undone := false
+	down := func() {
+		if !undone {
+			undone = true
+			for j := len(e.undos) - 1; j >= 0; j-- {
+				b.undo(e.undos[j])
+			}
+		}
+	}
+	defer down()
+	tracer := findDaemon("strace", out)
+	if tracer == 0 {
+		sc.Error = "strace is not running under the daemon"
+		return sc
+	}
+	if err := b.checkExposed(e, mustSize(b, im)); err != nil {
+		sc.Error = err.Error()
+		return sc
+	}
+	from := time.Now()
+	samples, merr := w.syscalls.measure(b, w, c, e, 0)
+	to := time.Now()
+	if len(samples) > 0 {
+		sc.Seconds = samples[len(samples)-1].seconds
+	}
+	if merr != nil {
+		sc.Error = "the traced run failed: " + merr.Error()
+		return sc
+	}
+	// The daemon exits with its mount, and strace with the daemon,
+	// writing out the last of its lines.
+	down()
+	if !waitGone(tracer, 30*time.Second) {
+		syscall.Kill(tracer, syscall.SIGKILL)
+		sc.Error = fmt.Sprintf("strace %d still running 30 s after its daemon's unmount; killed", tracer)
+		return sc
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		sc.Error = "strace wrote nothing: " + err.Error()
+		return sc
+	}
+	calls, err := countStraceCalls(string(data), from, to)
 	if err != nil {
 		sc.Error = err.Error()
 		return sc
 	}
-	samples, merr := w.syscalls.measure(b, w, c, e, 0)
-	calls, serr := t.detach(b)
-	if len(samples) > 0 {
-		sc.Seconds = samples[len(samples)-1].seconds
-	}
-	switch {
-	case merr != nil:
-		sc.Error = "the traced run failed: " + merr.Error()
-		return sc
-	case serr != nil:
-		sc.Error = serr.Error()
-		return sc
-	}
+	os.Remove(out)
 	sc.Calls = calls
 	sc.Lseek, sc.Ioctl = calls["lseek"], calls["ioctl"]
 	for _, name := range readSyscalls {
@@ -193,126 +223,54 @@ func (b *bench) traceOnce(w *workload, c *contestant, clusters int64) syscallCou
 	return sc
 }
 
-// A tracer is a running strace attached to a daemon.
-type tracer struct {
-	pc     *exec.Cmd
-	out    string // its -c summary
-	stderr *capBuffer
-	exited chan struct{}
-	stop   *undo
+// straceCommand is the command line a traced daemon starts under: one
+// line per tracedSyscalls call on img, with its time, in out.
+func straceCommand(out, img string) []string {
+	return []string{"strace", "-D", "-f", "--seccomp-bpf", "-ttt", "-qq", "-e", "signal=none", "-o", out, "-P", img,
+		"-e", "trace=" + strings.Join(tracedSyscalls, ","), "--"}
 }
 
-// attachStrace attaches strace to every thread of pid, counting the
-// tracedSyscalls on the file at path, and returns once it is attached.
-func (b *bench) attachStrace(pid int, path string) (*tracer, error) {
-	dir := filepath.Join(b.cfg.work, "strace")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
+// daemonCommand is the daemon command name args as the bench starts it:
+// under b.underStrace during a syscall pass, as it is otherwise.
+func (b *bench) daemonCommand(name string, args []string) (string, []string) {
+	if len(b.underStrace) == 0 {
+		return name, args
 	}
-	out := filepath.Join(dir, strconv.Itoa(pid)+".txt")
-	os.Remove(out)
-	args := []string{"-f", "-c", "-q", "-U", "name,calls", "-o", out, "-P", path,
-		"-e", "trace=" + strings.Join(tracedSyscalls, ","), "-p", strconv.Itoa(pid)}
-	t := &tracer{pc: exec.Command("strace", args...), out: out, stderr: &capBuffer{max: 64 << 10}, exited: make(chan struct{})}
-	t.pc.Stderr = t.stderr
-	// Its own process group: the terminal's Ctrl-C must not stop it
-	// before the bench does.
-	t.pc.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	fmt.Fprintf(b.log, "%s $ %s &\n", time.Now().Format("15:04:05.000"), shellQuote(append([]string{"strace"}, args...)))
-	if err := t.pc.Start(); err != nil {
-		return nil, err
-	}
-	go func() { t.pc.Wait(); close(t.exited) }()
-	t.stop = b.push(fmt.Sprintf("stop strace %d", t.pc.Process.Pid), func() error {
-		t.pc.Process.Signal(syscall.SIGINT)
-		select {
-		case <-t.exited:
-			return nil
-		case <-time.After(30 * time.Second):
-		}
-		t.pc.Process.Kill()
-		<-t.exited
-		return fmt.Errorf("strace %d ignored SIGINT for 30 s; killed", t.pc.Process.Pid)
-	})
-	gone := func() bool {
-		select {
-		case <-t.exited:
-			return true
-		default:
-			return false
-		}
-	}
-	attached := b.waitUntil(b.ctx, 20*time.Second, func() bool { return gone() || tracedBy(pid, t.pc.Process.Pid) })
-	if gone() || !attached {
-		b.undo(t.stop)
-		why := lastLines(t.stderr.String(), 2)
-		if why == "" {
-			why = "not attached after 20 s"
-		}
-		return nil, fmt.Errorf("strace -p %d: %s", pid, why)
-	}
-	return t, nil
+	return b.underStrace[0], append(append(slices.Clone(b.underStrace[1:]), name), args...)
 }
 
-// detach stops strace and returns its counts per system call.
-func (t *tracer) detach(b *bench) (map[string]int64, error) {
-	if err := b.undo(t.stop); err != nil {
-		return nil, err
-	}
-	data, err := os.ReadFile(t.out)
-	if err != nil {
-		return nil, fmt.Errorf("strace wrote no summary (%v): %s", err, lastLines(t.stderr.String(), 2))
-	}
-	os.Remove(t.out)
-	return parseStraceSummary(string(data))
-}
-
-// parseStraceSummary reads strace's -c -U name,calls table:
+// countStraceCalls counts, per system call, the calls in strace's -f -ttt
+// output that started between from and to. A line is a call, or the end
+// of one that another thread's line cut in two, which is not counted
+// again:
 //
-//	syscall              calls
-//	---------------- ---------
-//	ioctl                 2550
-//	---------------- ---------
-//	total                 2550
-//
-// No calls at all leave it empty.
-func parseStraceSummary(text string) (map[string]int64, error) {
+//	12847 1796229136.740606 ioctl(3, FS_IOC_FIEMAP, {...}) = 0
+//	12850 1796229136.740651 pread64(3,  <unfinished ...>
+//	12850 1796229136.740702 <... pread64 resumed>"..."..., 65536, 196608) = 65536
+func countStraceCalls(text string, from, to time.Time) (map[string]int64, error) {
+	lo, hi := float64(from.UnixNano())/1e9, float64(to.UnixNano())/1e9
 	calls := map[string]int64{}
 	for _, line := range strings.Split(text, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 || strings.HasPrefix(f[0], "---") || f[0] == "syscall" || f[0] == "total" {
+		f := strings.SplitN(line, " ", 3)
+		if len(f) < 3 {
+			if strings.TrimSpace(line) != "" {
+				return nil, fmt.Errorf("strace output: unexpected line %q", line)
+			}
 			continue
 		}
-		if len(f) != 2 {
-			return nil, fmt.Errorf("strace summary: unexpected line %q", line)
+		if strings.HasPrefix(f[2], "<...") {
+			continue
 		}
-		n, err := strconv.ParseInt(f[1], 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("strace summary: unexpected line %q", line)
+		name, _, ok := strings.Cut(f[2], "(")
+		ts, err := strconv.ParseFloat(f[1], 64)
+		if !ok || err != nil || !slices.Contains(tracedSyscalls, name) {
+			return nil, fmt.Errorf("strace output: unexpected line %q", line)
 		}
-		calls[f[0]] = n
+		if ts >= lo && ts <= hi {
+			calls[name]++
+		}
 	}
 	return calls, nil
-}
-
-// tracedBy reports whether every thread of pid is traced by tracer.
-func tracedBy(pid, tracer int) bool {
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
-	if len(tasks) == 0 {
-		return false
-	}
-	for _, p := range tasks {
-		data, err := os.ReadFile(p)
-		if err != nil {
-			continue // the thread has exited
-		}
-		for _, line := range strings.Split(string(data), "\n") {
-			if v, ok := strings.CutPrefix(line, "TracerPid:"); ok && strings.TrimSpace(v) != strconv.Itoa(tracer) {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // compressedClusters is the number of compressed clusters of im, as
@@ -348,11 +306,11 @@ func describeCount(k passKind, sc syscallCount) string {
 }
 
 // syscallNote explains the counts under each table of them.
-var syscallNote = "Counted by `strace -f -c -p PID -P IMG -e trace=" + strings.Join(tracedSyscalls, ",") + "` attached to the daemon " +
-	"of a fresh mount for one more run of the workload's command after the timed runs (caches dropped first, as before every timed run): " +
-	"the calls of a first copy or read after mounting, on the image file only (not the daemon's reads of /dev/fuse). " +
+var syscallNote = "Counted by `strace -D -f --seccomp-bpf -ttt -P IMG -e trace=" + strings.Join(tracedSyscalls, ",") + "`, " +
+	"under which the daemon of a fresh mount starts, for one more run of the workload's command after the timed runs (caches dropped first, as before every timed run): " +
+	"the calls of a first copy or read after mounting (from the command's start to its end, not the mount's own reads), on the image file only (not the daemon's reads of /dev/fuse). " +
 	"A daemon that has served earlier runs makes fewer (it keeps extents and tables it has read). " +
-	"strace stops the daemon at every system call, so that run is several times slower than the timed ones and is not timed. " +
+	"strace stops the daemon at every traced call, so that run is slower than the timed ones and is not timed. " +
 	"qcowfs's only ioctl on an image is FIEMAP; read calls are pread64 + read + preadv + preadv2 (splice is not counted)."
 
 // markdownSyscalls renders a workload's syscall counts, if it has any.
@@ -441,6 +399,6 @@ func (b *bench) markdownSyscallSummary() string {
 	sb.WriteString(strings.Join(rows, "\n") + "\n")
 	sb.WriteString("\nPer copy: the host lseek calls and FIEMAP ioctls the daemon made on the image file for one `cp --sparse=always` (issue 4); " +
 		"per compressed cluster: the host read calls for one cold `dd` of the whole compressed image, divided by its compressed clusters (issue 5, target below 0.1). " +
-		"Counted with strace attached to the daemon in one extra run after the timed ones; strace slows the daemon, so that run is not timed.\n")
+		"Counted with strace, under which the daemon of a fresh mount starts, in one extra run after the timed ones; strace slows the daemon, so that run is not timed.\n")
 	return sb.String()
 }
