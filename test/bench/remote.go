@@ -368,7 +368,7 @@ func measureRemoteCopy(b *bench, w *workload, c *contestant, e *exposure, run in
 	default:
 		c1 = &cmd{name: "cp", args: []string{"--sparse=always", e.file, out}, stuck: b.abortExposure(e)}
 	}
-	c1.timeout = b.timeoutOf(w)
+	c1.timeout, c1.stall = b.timeoutOf(w), stallOf(w)
 	if c.id == "convert-http" || c.id == "curl" {
 		// The baselines the copy is measured against are never cut
 		// off at the slow readers' limit.

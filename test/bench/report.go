@@ -20,6 +20,7 @@ type stats struct {
 	med, lo, hi    float64 // in the metric's unit; lo is the worst, hi the best
 	medS, loS, hiS float64 // the matching wall times
 	timedOut       bool    // some run hit the timeout
+	stalled        bool    // ... or was cut off as stalled (stalled.go)
 	onlyTimeout    bool    // every run did: med is a bound
 	timeoutSeconds float64 // the timeout
 	cached         float64 // median part of the file cached before a warm read; -1: not measured
@@ -33,7 +34,7 @@ func summarize(ss []sample, u unit) (st stats, ok bool) {
 			cached = append(cached, s.cached)
 		}
 		if s.timedOut {
-			st.timedOut = true
+			st.timedOut, st.stalled = true, st.stalled || s.stalled
 			st.timeoutSeconds = s.seconds
 			continue
 		}
@@ -209,7 +210,11 @@ func (b *bench) markdownTable(res *wlResult, m metric) (string, table) {
 		}
 		switch {
 		case st.onlyTimeout:
-			fmt.Fprintf(&sb, "| %s | > %.0f s (timed out) | — | — | %s | %s | %s |\n", c.label, st.timeoutSeconds,
+			how := "timed out"
+			if st.stalled {
+				how = "stalled"
+			}
+			fmt.Fprintf(&sb, "| %s | > %.0f s (%s) | — | — | %s | %s | %s |\n", c.label, st.timeoutSeconds, how,
 				ratio(m.unit, q, st), rss, escapeCell(strings.Join(notes, "; ")))
 			row.Ratio = ratio(m.unit, q, st)
 		case !has[id] || st.n == 0:
@@ -282,7 +287,7 @@ func (b *bench) markdownSummary() string {
 					return fmt.Sprintf("> %.0f s", st.timeoutSeconds)
 				case st.n == 0:
 					status := res.statusOf(m.id, id)
-					for _, k := range []string{"n/a", "not run", "timed out", "skipped"} {
+					for _, k := range []string{"n/a", "not run", "timed out", "stalled", "skipped"} {
 						if strings.HasPrefix(status, k) {
 							return k
 						}

@@ -222,7 +222,11 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 				if e := exps[id]; e != nil {
 					e.hung = true
 				}
-				res.fail(id, fmt.Sprintf("timed out (> %v) in run %d; not run again", b.timeoutOf(w).Round(time.Second), run))
+				var last sample
+				if len(samples) > 0 {
+					last = samples[len(samples)-1]
+				}
+				res.fail(id, fmt.Sprintf("%s in run %d; not run again", b.cutOff(w, last), run))
 			case err != nil:
 				res.fail(id, fmt.Sprintf("failed in run %d: %v", run, err))
 			}
@@ -392,7 +396,7 @@ func (b *bench) timedOutIn(wid, id string) string {
 		for _, m := range r.w.metrics {
 			for _, s := range r.samples[m.id][id] {
 				if s.timedOut {
-					return fmt.Sprintf("timed out (> %v) in %s", b.timeoutOf(r.w).Round(time.Second), wid)
+					return fmt.Sprintf("%s in %s", b.cutOff(r.w, s), wid)
 				}
 			}
 		}

@@ -41,6 +41,10 @@ type cmd struct {
 	// process holding them (a daemon's detached tracer, syscalls.go),
 	// which pipes would wait for.
 	outFile string
+	// stall, when set, cuts the command off as stalled once none of its
+	// processes has read or written a byte for that long (stalled.go),
+	// before its timeout.
+	stall time.Duration
 }
 
 func command(name string, args ...string) *cmd { return &cmd{name: name, args: args} }
@@ -59,6 +63,7 @@ type result struct {
 	stdout, stderr string
 	err            error // nil, or why it failed (exit status with stderr, timeout, ...)
 	timedOut       bool
+	stalled        bool // cut off by cmd.stall (timedOut is set too)
 	// exitCode is the exit status when the command exited by itself,
 	// -1 when it did not (it could not start, was killed, timed out).
 	exitCode int
@@ -70,7 +75,7 @@ type result struct {
 func (r result) sample(metric string) (sample, error) {
 	s := sample{metric: metric, seconds: r.elapsed.Seconds()}
 	if r.timedOut {
-		s.timedOut = true
+		s.timedOut, s.stalled = true, r.stalled
 		return s, fmt.Errorf("%w: %v", errTimedOut, r.err)
 	}
 	return s, r.err
@@ -119,6 +124,12 @@ func (b *bench) run(c *cmd) result {
 	if c.cleanup {
 		interrupt = nil
 	}
+	var stalled <-chan struct{}
+	if c.stall > 0 {
+		quit := make(chan struct{})
+		defer close(quit)
+		stalled = watchStall(ec.Process.Pid, c.stall, quit)
+	}
 	res := result{exitCode: -1}
 	var werr error
 	select {
@@ -132,6 +143,10 @@ func (b *bench) run(c *cmd) result {
 		res.elapsed = time.Since(start)
 		res.timedOut = true
 		werr = b.kill(ec, done, c.stuck)
+	case <-stalled:
+		res.elapsed = time.Since(start)
+		res.timedOut, res.stalled = true, true
+		werr = b.kill(ec, done, c.stuck)
 	case <-interrupt:
 		res.elapsed = time.Since(start)
 		werr = b.kill(ec, done, c.stuck)
@@ -142,6 +157,11 @@ func (b *bench) run(c *cmd) result {
 	}
 	res.stdout, res.stderr = stdout.String(), stderr.String()
 	switch {
+	case res.stalled:
+		res.err = fmt.Errorf("stalled: no byte read or written for %.0f s; cut off after %.0f s", c.stall.Seconds(), res.elapsed.Seconds())
+		if werr != nil && errors.Is(werr, errStuck) {
+			res.err = fmt.Errorf("%w; %v", res.err, werr)
+		}
 	case res.timedOut:
 		res.err = fmt.Errorf("timed out after %v", timeout.Round(time.Second))
 		if werr != nil && errors.Is(werr, errStuck) {

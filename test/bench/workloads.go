@@ -106,6 +106,7 @@ type sample struct {
 	bytes    int64   // bytes read or copied, for MB/s
 	ops      float64 // IOPS, for fio
 	timedOut bool
+	stalled  bool   // the timeout was a stall's (stalled.go)
 	note     string // something checked once (output size, bytes equal)
 	// cached is the part of the file the page cache held before a warm
 	// read (0 to 1), when hasCached.
@@ -137,6 +138,14 @@ func (s sample) value(u unit) float64 {
 // errTimedOut marks a measurement that hit its workload's timeout.
 var errTimedOut = errors.New("timed out")
 
+// cutOff says how a run that did not finish (s, timed out) was cut off.
+func (b *bench) cutOff(w *workload, s sample) string {
+	if s.stalled {
+		return fmt.Sprintf("stalled (no I/O for %.0f s; cut off after %.0f s)", stallOf(w).Seconds(), s.seconds)
+	}
+	return fmt.Sprintf("timed out (> %v)", b.timeoutOf(w).Round(time.Second))
+}
+
 // timeoutOf is the per-measurement timeout of w.
 func (b *bench) timeoutOf(w *workload) time.Duration {
 	if w.timeout > 0 {
@@ -164,7 +173,7 @@ func (b *bench) ddRead(w *workload, e *exposure, metricID string) (sample, error
 		return sample{}, err
 	}
 	r := b.run(&cmd{name: "dd", args: []string{"if=" + e.file, "of=/dev/null", "bs=1M"},
-		timeout: b.timeoutOf(w), stuck: b.abortExposure(e)})
+		timeout: b.timeoutOf(w), stall: stallOf(w), stuck: b.abortExposure(e)})
 	s, err := r.sample(metricID)
 	if err != nil {
 		return s, err
@@ -260,7 +269,7 @@ func measureFio(b *bench, w *workload, c *contestant, e *exposure, run int) ([]s
 	if w.timeout > 0 {
 		slack = w.timeout
 	}
-	r := b.run(&cmd{name: "fio", args: b.fioArgs(e.file), timeout: b.cfg.fioTime + slack, stuck: b.abortExposure(e)})
+	r := b.run(&cmd{name: "fio", args: b.fioArgs(e.file), timeout: b.cfg.fioTime + slack, stall: stallOf(w), stuck: b.abortExposure(e)})
 	s, err := r.sample("iops")
 	if err != nil {
 		return []sample{s}, err
@@ -426,7 +435,7 @@ func measureGuest(b *bench, w *workload, c *contestant, e *exposure, run int) ([
 		return nil, err
 	}
 	r := b.run(&cmd{name: "bash", args: []string{"-c", "set -o pipefail; tar cf - . | wc -c"}, dir: e.guest,
-		timeout: b.timeoutOf(w), stuck: b.abortExposure(e)})
+		timeout: b.timeoutOf(w), stall: stallOf(w), stuck: b.abortExposure(e)})
 	s, err := r.sample("time")
 	if err != nil {
 		return []sample{s}, err
