@@ -293,9 +293,11 @@ func mountQcowfs(b *bench, src, name string, flags ...string) (*exposure, error)
 	}
 	e := &exposure{mnt: mnt, file: filepath.Join(mnt, name+".raw")}
 	log := b.logPath(filepath.Base(mnt))
-	name, args := b.daemonCommand(b.cfg.bin, append(append([]string{"mount"}, flags...), "--log-file", log, src, mnt))
-	c := &cmd{name: name, args: args, timeout: time.Minute}
-	if name != b.cfg.bin {
+	exe, args := b.daemonCommand(b.cfg.bin, append(append([]string{"mount"}, flags...), "--log-file", log, src, mnt))
+	c := &cmd{name: exe, args: args, timeout: time.Minute}
+	if len(b.underStrace) > 0 {
+		// The detached tracer holds what the mount command's output
+		// goes to.
 		c.outFile = log + ".mount"
 	}
 	_, err = b.must(c)
