@@ -90,8 +90,8 @@ BENCH_FLAGS ?=
 bench-deps:
 	@scripts/deps.sh $(BENCH_PKGS)
 
-bench: bench-deps build        # the full suite, 30 to 33 minutes here (docs/benchmarks.md; BENCH_FLAGS="--skip r-" for about 23)
+bench: bench-deps build        # the full suite, about 26 minutes here (docs/benchmarks.md; BENCH_FLAGS="--skip r-" for about 20)
 	$(GO) run ./test/bench --build=false --bin $(BIN) $(BENCH_FLAGS)
 
-bench-quick: bench-deps build  # a subset in under 3 minutes (2m54s here)
+bench-quick: bench-deps build  # a subset in under 3 minutes (2m39s here)
 	$(GO) run ./test/bench --quick --build=false --bin $(BIN) $(BENCH_FLAGS)

@@ -12,8 +12,8 @@ import (
 // sections of issues 3 (read path), 4 (lseek, sparse copies), 5
 // (compressed images) and 7 (check).
 //
-// The full run's time (docs/benchmarks.md, "Run time, after the trims":
-// 30 to 33 minutes on 2 busy cores) is held down mostly by running qemu's export in its
+// The full run's time (docs/benchmarks.md, "Run time: the strace passes
+// and stalled commands": 26 to 27 minutes on 2 busy cores) is held down mostly by running qemu's export in its
 // default configuration, which reads 2 GiB in about 20 s here, where it
 // makes a difference and nowhere else:
 //   - not where it is the same program as the tuned one: fio's 4 KiB
