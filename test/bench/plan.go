@@ -13,9 +13,10 @@ import (
 // (compressed images) and 7 (check).
 //
 // The full run's time (docs/benchmarks.md, "Run time: the strace passes
-// and stalled commands": 26 to 27 minutes on 2 busy cores) is held down mostly by running qemu's export in its
-// default configuration, which reads 2 GiB in about 20 s here, where it
-// makes a difference and nowhere else:
+// and stalled commands": 26 to 27 minutes on 2 busy cores) is held down
+// mostly by running qemu's export in its default configuration, which
+// reads 2 GiB in about 20 s here, where it makes a difference and nowhere
+// else:
 //   - not where it is the same program as the tuned one: fio's 4 KiB
 //     reads stay below glibc's mmap threshold, so MALLOC_MMAP_THRESHOLD_
 //     changes nothing there (the tuned export is left out of fio instead),

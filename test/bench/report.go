@@ -464,7 +464,7 @@ func (b *bench) writeReport() error {
 // defaultHead is the hand-written head of a report that has none yet.
 const defaultHead = `# Benchmarks
 
-` + "`make bench`" + ` (about half an hour) and ` + "`make bench-quick`" + ` (about 3 minutes) measure qcowfs
+` + "`make bench`" + ` (about 26 minutes) and ` + "`make bench-quick`" + ` (under 3 minutes) measure qcowfs
 against qemu's FUSE export and qcowmount; see test/bench.
 
 `

@@ -61,6 +61,7 @@ func watchStall(pgid int, d time.Duration, quit <-chan struct{}) <-chan struct{}
 // and written (their own, and those of children they have reaped).
 func groupIO(pgid int) int64 {
 	ents, _ := os.ReadDir("/proc")
+	group := strconv.Itoa(pgid)
 	var sum int64
 	for _, e := range ents {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
@@ -73,8 +74,10 @@ func groupIO(pgid int) int64 {
 		// pid (comm) state ppid pgrp ...: comm may hold spaces and
 		// parentheses, so the fields are counted from its last ')'.
 		i := strings.LastIndexByte(string(stat), ')')
-		f := strings.Fields(string(stat[i+1:]))
-		if i < 0 || len(f) < 3 || f[2] != strconv.Itoa(pgid) {
+		if i < 0 {
+			continue
+		}
+		if f := strings.Fields(string(stat[i+1:])); len(f) < 3 || f[2] != group {
 			continue
 		}
 		io, err := os.ReadFile(filepath.Join("/proc", e.Name(), "io"))
