@@ -200,7 +200,7 @@ func (b *bench) fullPlan() []*workload {
 			p = append(p, b.copyWorkload(n, tmpfs, copyWho))
 		}
 	}
-	// The compressed images: 3 runs, not 5. Every run inflates 2 GiB
+	// The compressed images: 3 runs, not defaultRuns. Every run inflates 2 GiB
 	// through every reader (qcowmount takes 25 to 30 s a run, qemu's
 	// exports 15 to 20 s), and qcowfs's lead over the best peer there
 	// (1.4x to 2.5x in earlier runs) is wider than the spread of its
@@ -255,7 +255,7 @@ func (b *bench) quickPlan() []*workload {
 // The write workloads (writes.go): issue 16's benchmark section. Each
 // contestant writes a fresh image of its own (qemu-img create; the raw
 // baseline a raw file made the same way) and every image is checked
-// through qemu after the run. 3 runs, not 5: each run makes, writes,
+// through qemu after the run. 3 runs, not defaultRuns: each run makes, writes,
 // closes and checks a fresh image, and the spread of trial runs was
 // small next to the ratios. qemu's export runs in both configurations
 // where its buffers reach glibc's mmap threshold (128 KiB: the 1 MiB

@@ -389,7 +389,7 @@ func (b *bench) writeReport() error {
 	row("caches dropped", mi.Drop)
 	lo, hi := b.loadRange()
 	row("load average", fmt.Sprintf("1, 5, 15 min: %s before the measurements, %s after; 1 min at the start of each workload: %.1f to %.1f", b.loadBefore, loadavg(), lo, hi))
-	row("method", fmt.Sprintf("%d runs per contestant (%s), interleaved (run 1 of every contestant, then run 2, ...); a peer each of whose runs is at least %.1fx behind qcowfs's worst once it has run a majority of them (3 of 5, 2 of 3) stops there, its median settled (its notes say so); median, worst and best run; ratios computed from the medians of this run", b.cfg.runs, b.runsNote(), settleFactor))
+	row("method", fmt.Sprintf("%d runs per contestant (%s), interleaved (run 1 of every contestant, then run 2, ...); a peer each of whose runs is at least %.1fx behind qcowfs's worst once it has run a majority of them (3 of 4 or 5, 2 of 3) stops there, its median settled (its notes say so); median, worst and best run; ratios computed from the medians of this run", b.cfg.runs, b.runsNote(), settleFactor))
 	if b.builtNow > 0 {
 		row("images", fmt.Sprintf("built by this run in %s", b.builtNow.Round(time.Second)))
 	} else if man.Total > 0 {

@@ -250,7 +250,7 @@ func (b *bench) runWorkload(w *workload) *wlResult {
 }
 
 // A peer that is far behind is not run to the end: once it has run a
-// majority of the runs planned (3 of 5, 2 of 3), a peer every one of whose
+// majority of the runs planned (3 of 4 or 5, 2 of 3), a peer every one of whose
 // runs is at least settleFactor behind the subject's (qcowfs's) worst run
 // so far, in every metric but those marked unsettled, stops there. Its
 // median is then settled: with a majority of the runs past that line, the
