@@ -52,10 +52,10 @@ type Config struct {
 	// Writable makes the raw files of qcow2 images writable (their
 	// snapshots and plain files stay read-only).
 	Writable bool
-	// WritebackCache says the mount has the kernel's FUSE writeback
-	// cache (the caller sets fuse.CAP_WRITEBACK_CACHE): the kernel then
-	// holds dirty pages, which a parallel direct write would not wait
-	// for, so O_DIRECT writers keep the kernel's serial path.
+	// WritebackCache, with Writable, asks for the kernel's FUSE writeback
+	// cache (Options sets the capability): buffered writes land in the
+	// kernel's page cache and reach qcowfs in large pieces, several in
+	// flight, as the kernel writes them back.
 	WritebackCache bool
 	// Overlay, with Writable, is a folder outside the source where the
 	// writes go: the images of the source are only read, and the first
@@ -107,6 +107,11 @@ type mount struct {
 	// (diskID, whole disk): what the listing (made before) and the
 	// nodes (made at lookup) say until the image is validated again.
 	resized sync.Map
+
+	// directFlushes says the kernel writes dirty pages back before a
+	// direct write of their range (KernelFlags): with the writeback
+	// cache, O_DIRECT writers may then write in parallel.
+	directFlushes atomic.Bool
 
 	// ctx ends the mount's background work (Root.Close).
 	ctx    context.Context
@@ -201,6 +206,13 @@ func openLocal(source string) (*source, string, error) {
 	return s, only, nil
 }
 
+// KernelFlags tells the mount what the kernel offered at FUSE INIT
+// (fuse.Server.KernelSettings), once mounted. Until then O_DIRECT writers
+// of a writeback-cached mount take the kernel's serial path.
+func (r *Root) KernelFlags(flags uint64) {
+	r.m.directFlushes.Store(r.m.cfg.WritebackCache && flags&fuse.CAP_DIRECT_IO_ALLOW_MMAP != 0)
+}
+
 // Close stops the mount's background work and writes back and closes
 // the images still open; call it once the mount is gone.
 func (r *Root) Close() {
@@ -209,9 +221,17 @@ func (r *Root) Close() {
 	r.m.src.close()
 }
 
-// Options returns go-fuse options suited to an image mount, read-only
-// unless writable.
-func Options(writable bool) *gofs.Options {
+// Options returns go-fuse options suited to a mount of cfg: read-only
+// unless writable, with the kernel's writeback cache if asked.
+//
+// With the writeback cache, the mount also asks for
+// FUSE_DIRECT_IO_ALLOW_MMAP: a kernel that knows it (6.6 and later)
+// writes back the dirty pages of a range before an FOPEN_DIRECT_IO write
+// of it, and invalidates them after, so that O_DIRECT writers may keep
+// their parallel path (openFlags, KernelFlags) without a dirty page
+// written back later overwriting what they wrote.
+func Options(cfg Config) *gofs.Options {
+	writable := cfg.Writable
 	et, at := entryTimeout, dirAttrTimeout
 	neg := time.Duration(0)
 	flags := uintptr(syscall.MS_NOSUID | syscall.MS_NODEV)
@@ -219,6 +239,10 @@ func Options(writable bool) *gofs.Options {
 	if !writable {
 		flags |= syscall.MS_RDONLY
 		opts = append(opts, "ro")
+	}
+	var caps uint64
+	if writable && cfg.WritebackCache {
+		caps = fuse.CAP_WRITEBACK_CACHE | fuse.CAP_DIRECT_IO_ALLOW_MMAP
 	}
 	return &gofs.Options{
 		EntryTimeout:    &et,
@@ -233,11 +257,12 @@ func Options(writable bool) *gofs.Options {
 			DirectMount: true,
 			// Read-only at the mount level too, as mount(8) shows it,
 			// unless writable.
-			DirectMountFlags: flags,
-			MaxWrite:         maxRead,
-			MaxReadAhead:     maxRead,
-			MaxBackground:    64,
-			Options:          opts,
+			DirectMountFlags:  flags,
+			MaxWrite:          maxRead,
+			MaxReadAhead:      maxRead,
+			MaxBackground:     64,
+			Options:           opts,
+			ExtraCapabilities: caps,
 		},
 	}
 }

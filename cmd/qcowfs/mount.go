@@ -18,30 +18,33 @@ import (
 )
 
 type mountCmd struct {
-	Source              string        `arg:"" help:"Folder of qcow2 images (searched recursively), or one image file; or a remote source: the http://, https:// or s3:// URL of one image, or an s3://BUCKET/PREFIX/ (ending with a slash) whose qcow2 objects are shown in folders mirroring their keys."`
-	Mountpoint          string        `arg:"" help:"Folder to mount on."`
-	Foreground          bool          `short:"f" help:"Stay in the foreground and log to stderr; unmount on SIGINT or SIGTERM."`
-	AllowOther          bool          `help:"Let other users read the mount (as non-root this needs user_allow_other in /etc/fuse.conf). File permissions still apply."`
-	L2CacheSize         byteSize      `name:"l2-cache-size" default:"32M" placeholder:"SIZE" help:"Memory for L2 tables, shared by all images: 32M maps 256 GiB of disk at 64 KiB clusters (default: ${default})."`
-	CacheSize           byteSize      `default:"64M" placeholder:"SIZE" help:"Memory for decompressed clusters of compressed images, shared by all images (default: ${default})."`
-	MetadataMemory      byteSize      `default:"512M" placeholder:"SIZE" help:"Memory for the metadata images keep while open (L1, snapshot and refcount tables, metadata maps), shared by all images; an image that does not fit is not served (default: ${default})."`
-	ReadAhead           byteSize      `default:"4M" placeholder:"SIZE" help:"Kernel readahead for the mount (root only; the kernel's FUSE default is 128K) (default: ${default})."`
-	ReadPath            string        `enum:"splice,copy" default:"splice" help:"How reads of uncompressed data are answered: splice (zero-copy from the image file) or copy (through a buffer)."`
-	LogLevel            string        `enum:"debug,info,warn,error" default:"info" help:"Least severe log messages to keep: debug, info, warn or error."`
-	LogFile             string        `placeholder:"PATH" help:"Append the daemon's log here. Default: syslog; without syslog (no /dev/log) /run/qcowfs/MNT.log as root, $$XDG_RUNTIME_DIR/qcowfs/MNT.log otherwise; stderr with --foreground. SIGHUP reopens it."`
-	Debug               bool          `help:"Log every FUSE request and reply (very verbose)."`
-	CPUProfile          string        `placeholder:"PATH" help:"Write a Go CPU profile of the daemon here, from mount to unmount."`
-	AllowBackingOutside []string      `placeholder:"DIR" sep:"none" help:"Also follow backing and data files that resolve inside DIR, or for remote images under DIR given as a URL prefix (repeat the flag for more). By default they must lie inside the source folder (or under the source's URL prefix)."`
-	AllowCorrupt        bool          `help:"Serve images qemu marked corrupt (read-only, with a warning in the log)."`
-	NoPartitions        bool          `help:"Do not show the folders of guest partitions (STEM.raw.parts/p1, ...)."`
-	ForceShare          bool          `short:"U" help:"Serve images that another process (a running qemu) has open for writing, like qemu-img -U; their content may change under the reader. Not with --writable."`
-	Writable            bool          `help:"Make the raw files of qcow2 images writable: writes, discards (fstrim), zeroing and growing go into the images, crash-safe (see Writing in the README). Snapshots, partitions of snapshots and plain files stay read-only."`
-	WritebackCache      bool          `help:"With --writable: let the kernel gather buffered writes in its page cache and send them in large pieces (FUSE writeback cache): about 2x faster small buffered writes; fsync stays exact, but a write past the end of the disk fails at fsync or close instead of at write. See Writing in the README."`
-	Overlay             string        `placeholder:"DIR" help:"With --writable: never change the images; the first write to an image makes its overlay DIR/REL (a qcow2 whose backing file is the original; REL is the image's path below the source), and writes go there. DIR must lie outside the source and the mount point. See Overlays in the README."`
-	FSName              string        `name:"fsname" placeholder:"NAME" help:"What mount, df and findmnt show as the source (default: the source path)."`
-	RemoteRefresh       time.Duration `default:"30s" placeholder:"DURATION" help:"Remote sources: list again when the listing is this old, at the next lookup or listing; objects added or replaced show up then (default: ${default})."`
-	remoteFlags         `embed:""`
-	Options             []string `short:"o" sep:"none" placeholder:"OPT,..." help:"${options_help}"`
+	Source              string   `arg:"" help:"Folder of qcow2 images (searched recursively), or one image file; or a remote source: the http://, https:// or s3:// URL of one image, or an s3://BUCKET/PREFIX/ (ending with a slash) whose qcow2 objects are shown in folders mirroring their keys."`
+	Mountpoint          string   `arg:"" help:"Folder to mount on."`
+	Foreground          bool     `short:"f" help:"Stay in the foreground and log to stderr; unmount on SIGINT or SIGTERM."`
+	AllowOther          bool     `help:"Let other users read the mount (as non-root this needs user_allow_other in /etc/fuse.conf). File permissions still apply."`
+	L2CacheSize         byteSize `name:"l2-cache-size" default:"32M" placeholder:"SIZE" help:"Memory for L2 tables, shared by all images: 32M maps 256 GiB of disk at 64 KiB clusters (default: ${default})."`
+	CacheSize           byteSize `default:"64M" placeholder:"SIZE" help:"Memory for decompressed clusters of compressed images, shared by all images (default: ${default})."`
+	MetadataMemory      byteSize `default:"512M" placeholder:"SIZE" help:"Memory for the metadata images keep while open (L1, snapshot and refcount tables, metadata maps), shared by all images; an image that does not fit is not served (default: ${default})."`
+	ReadAhead           byteSize `default:"4M" placeholder:"SIZE" help:"Kernel readahead for the mount (root only; the kernel's FUSE default is 128K) (default: ${default})."`
+	ReadPath            string   `enum:"splice,copy" default:"splice" help:"How reads of uncompressed data are answered: splice (zero-copy from the image file) or copy (through a buffer)."`
+	LogLevel            string   `enum:"debug,info,warn,error" default:"info" help:"Least severe log messages to keep: debug, info, warn or error."`
+	LogFile             string   `placeholder:"PATH" help:"Append the daemon's log here. Default: syslog; without syslog (no /dev/log) /run/qcowfs/MNT.log as root, $$XDG_RUNTIME_DIR/qcowfs/MNT.log otherwise; stderr with --foreground. SIGHUP reopens it."`
+	Debug               bool     `help:"Log every FUSE request and reply (very verbose)."`
+	CPUProfile          string   `placeholder:"PATH" help:"Write a Go CPU profile of the daemon here, from mount to unmount."`
+	AllowBackingOutside []string `placeholder:"DIR" sep:"none" help:"Also follow backing and data files that resolve inside DIR, or for remote images under DIR given as a URL prefix (repeat the flag for more). By default they must lie inside the source folder (or under the source's URL prefix)."`
+	AllowCorrupt        bool     `help:"Serve images qemu marked corrupt (read-only, with a warning in the log)."`
+	NoPartitions        bool     `help:"Do not show the folders of guest partitions (STEM.raw.parts/p1, ...)."`
+	ForceShare          bool     `short:"U" help:"Serve images that another process (a running qemu) has open for writing, like qemu-img -U; their content may change under the reader. Not with --writable."`
+	Writable            bool     `help:"Make the raw files of qcow2 images writable: writes, discards (fstrim), zeroing and growing go into the images, crash-safe (see Writing in the README). Snapshots, partitions of snapshots and plain files stay read-only."`
+	NoWritebackCache    bool     `help:"With --writable: send each buffered write to qcowfs as it is made (write-through) instead of through the kernel's writeback cache. A write past the end of the disk then fails at write, with ENOSPC, instead of at fsync or close; loop-mounted guests and small buffered writes are slower. See Writing in the README."`
+	// WritebackCache is the default with --writable; the flag stays for
+	// command lines written when it was not.
+	WritebackCache bool          `hidden:"" help:"The default with --writable."`
+	Overlay        string        `placeholder:"DIR" help:"With --writable: never change the images; the first write to an image makes its overlay DIR/REL (a qcow2 whose backing file is the original; REL is the image's path below the source), and writes go there. DIR must lie outside the source and the mount point. See Overlays in the README."`
+	FSName         string        `name:"fsname" placeholder:"NAME" help:"What mount, df and findmnt show as the source (default: the source path)."`
+	RemoteRefresh  time.Duration `default:"30s" placeholder:"DURATION" help:"Remote sources: list again when the listing is this old, at the next lookup or listing; objects added or replaced show up then (default: ${default})."`
+	remoteFlags    `embed:""`
+	Options        []string `short:"o" sep:"none" placeholder:"OPT,..." help:"${options_help}"`
 	// Fake is mount(8)'s -f: mount nothing.
 	Fake bool `hidden:"" help:"Mount nothing (mount -f)."`
 	// RO is the ro option: read-only, whatever else is given.
@@ -159,8 +162,11 @@ func (c *mountCmd) preflight() error {
 	if c.RO {
 		c.Writable = false
 	}
-	if c.WritebackCache && !c.Writable {
-		return usageErrorf("--writeback-cache needs --writable")
+	if (c.WritebackCache || c.NoWritebackCache) && !c.Writable {
+		return usageErrorf("--writeback-cache and --no-writeback-cache need --writable")
+	}
+	if c.WritebackCache && c.NoWritebackCache {
+		return usageErrorf("--writeback-cache and --no-writeback-cache cannot both be given")
 	}
 	if c.Overlay != "" && !c.Writable {
 		return usageErrorf("--overlay needs --writable: an overlay holds what is written")

@@ -28,6 +28,7 @@ var ignoredOptions = map[string]string{
 	"default_permissions": "always on: the kernel checks file permissions",
 	"nonempty":            "FUSE 3 mounts over non-empty folders anyway",
 	"kernel_cache":        "image contents are kept in the kernel's page cache already",
+	"writeback_cache":     "on by default with writable (no_writeback_cache turns it off)",
 }
 
 // refusedOptions are options of other FUSE file systems that qcowfs does

@@ -71,16 +71,13 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	if c.ReadPath == "copy" {
 		cfg.ReadPath = fs.ReadCopy
 	}
-	cfg.WritebackCache = c.WritebackCache
+	cfg.WritebackCache = c.Writable && !c.NoWritebackCache
 	root, err := fs.NewRoot(cfg)
 	if err != nil {
 		return err
 	}
-	opts := fs.Options(c.Writable)
+	opts := fs.Options(cfg)
 	opts.AllowOther = c.AllowOther
-	if c.WritebackCache {
-		opts.MountOptions.ExtraCapabilities |= fuse.CAP_WRITEBACK_CACHE
-	}
 	opts.Debug = c.Debug
 	opts.Logger = log.New(dest.out, "", log.LstdFlags)
 	opts.MountOptions.Logger = opts.Logger
@@ -114,6 +111,7 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	if err != nil {
 		return err
 	}
+	root.KernelFlags(server.KernelSettings().Flags64())
 	if os.Geteuid() == 0 && c.ReadAhead > 0 {
 		if err := fs.SetReadAhead(c.Mountpoint, int(c.ReadAhead>>10)); err != nil {
 			logger.Warn("cannot raise the kernel readahead; sequential reads will be slower", "err", err)
