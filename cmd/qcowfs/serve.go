@@ -5,6 +5,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"runtime/pprof"
 	"syscall"
 	"time"
@@ -68,6 +69,10 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	}
 	cfg.Image.Cache = qcow2.NewCache(int64(c.L2CacheSize), int64(c.CacheSize))
 	cfg.Image.Budget = qcow2.NewBudget(int64(c.MetadataMemory))
+	if os.Getenv("GOMEMLIMIT") == "" {
+		stop := c.limitMemory(cfg.Image.Budget, cfg.Remote != nil)
+		defer stop()
+	}
 	if c.ReadPath == "copy" {
 		cfg.ReadPath = fs.ReadCopy
 	}
@@ -209,4 +214,41 @@ func (c *mountCmd) mount(root gofs.InodeEmbedder, opts *gofs.Options) (*fuse.Ser
 		return nil, fmt.Errorf("mounting on %s: %s", c.Mountpoint, oneLine(err.Error()))
 	}
 	return server, nil
+}
+
+// memoryHeadroom is what the daemon needs beside its caches: go-fuse's
+// request buffers (1 MiB each, one per request in flight and per reader),
+// the writes in flight behind the writer (8 MiB), the runtime.
+const memoryHeadroom = 128 << 20
+
+// limitMemory keeps the Go runtime's soft memory limit at the daemon's
+// configured caches, the metadata its open images hold (budget) and
+// memoryHeadroom, and returns what stops it. Without a limit the heap
+// may grow well past them before the collector runs: under 4 KiB O_DIRECT
+// writes at 70k a second, go-fuse's pooled request buffers are dropped
+// and reallocated faster than the default pacing (the next collection at
+// twice the live heap) frees them, and the daemon's RSS grew past 570 MiB
+// in 30 seconds; with the limit it stays below it (docs/benchmarks.md).
+// GOMEMLIMIT, if set, wins.
+func (c *mountCmd) limitMemory(budget *qcow2.Budget, remote bool) (stop func()) {
+	base := int64(c.L2CacheSize) + int64(c.CacheSize) + memoryHeadroom
+	if remote {
+		base += int64(c.RemoteCacheSize)
+	}
+	set := func() { debug.SetMemoryLimit(base + budget.Used()) }
+	set()
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				set()
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { close(done) }
 }
