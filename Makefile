@@ -90,7 +90,7 @@ BENCH_FLAGS ?=
 bench-deps:
 	@scripts/deps.sh $(BENCH_PKGS)
 
-bench: bench-deps build        # the full suite, about 26 minutes here (docs/benchmarks.md; BENCH_FLAGS="--skip r-" for about 20)
+bench: bench-deps build        # the full suite, 20 to 27 minutes here (docs/benchmarks.md; BENCH_FLAGS="--skip r-" for about 15)
 	$(GO) run ./test/bench --build=false --bin $(BIN) $(BENCH_FLAGS)
 
 bench-quick: bench-deps build  # a subset in under 3 minutes (2m39s here)
