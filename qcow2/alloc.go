@@ -427,10 +427,10 @@ func (w *writer) growReftable(need int64) error {
 		return err
 	}
 	oldOff, oldClusters := w.reftOff, int64(len(w.reft.words))*8/cs
-	hdr := w.headerSector()
-	fieldRefcountTableOffset.put(hdr, uint64(tableStart*cs))
-	fieldRefcountTableClusters.put(hdr, uint64(tableClusters))
-	if err := w.writeHeaderSector(hdr); err != nil {
+	if err := w.updateHeader(func(h []byte) {
+		fieldRefcountTableOffset.put(h, uint64(tableStart*cs))
+		fieldRefcountTableClusters.put(h, uint64(tableClusters))
+	}); err != nil {
 		return err
 	}
 	w.reftOff = tableStart * cs

@@ -372,16 +372,11 @@ func (w *writer) markCorrupt(why error) {
 	if !w.corrupt.CompareAndSwap(nil, &why) {
 		return
 	}
-	h := w.headerSector()
-	v := fieldIncompatibleFeatures.get(h) | IncompatCorrupt
-	fieldIncompatibleFeatures.put(h, v)
-	f := fieldIncompatibleFeatures
-	if _, err := w.f.WriteAt(h[f.off:f.off+8], f.off); err == nil {
-		w.f.Sync()
-		w.hdrMu.Lock()
-		copy(w.hdr0, h)
-		w.hdrMu.Unlock()
-	}
+	// Best effort: the image is refused from now on whatever the header
+	// says, and a failed write here changes nothing else.
+	_ = w.updateHeader(func(h []byte) {
+		fieldIncompatibleFeatures.put(h, fieldIncompatibleFeatures.get(h)|IncompatCorrupt)
+	})
 }
 
 // sync makes what was written to the image file durable.
@@ -409,28 +404,35 @@ func (w *writer) syncAll() error {
 	return w.sync()
 }
 
-// headerSector returns a copy of the first sector of the header as it is
-// now, to change fields in.
-func (w *writer) headerSector() []byte {
+// updateHeader changes fields of the header's first sector and writes it
+// with one synced write: every field the writer switches (L1 table,
+// refcount table, size, features) lies in it, so each switch is atomic.
+// change gets the header as it is now, never a copy taken before an
+// allocation that may have switched a table meanwhile (a resize whose L1
+// allocation grew the refcount table must not put the old table back).
+// Header writes are serialised by hdrMu, which markCorrupt takes too.
+func (w *writer) updateHeader(change func(h []byte)) error {
 	w.hdrMu.Lock()
 	defer w.hdrMu.Unlock()
-	return append([]byte(nil), w.hdr0...)
-}
-
-// writeHeaderSector writes the first sector of the header with one synced
-// write: every field the writer switches (L1 table, refcount table, size,
-// features) lies in it, so the switch is atomic.
-func (w *writer) writeHeaderSector(b []byte) error {
-	if _, err := w.f.WriteAt(b, 0); err != nil {
+	h := w.hdrBuf[:len(w.hdr0)]
+	copy(h, w.hdr0)
+	change(h)
+	if _, err := w.f.WriteAt(h, 0); err != nil {
 		return w.fail(err)
 	}
-	if err := w.sync(); err != nil {
-		return err
+	w.st.syncs.Add(1)
+	if err := w.f.Sync(); err != nil {
+		return w.fail(err)
 	}
-	w.hdrMu.Lock()
-	copy(w.hdr0, b)
-	w.hdrMu.Unlock()
+	copy(w.hdr0, h)
 	return nil
+}
+
+// headerField returns a field of the header as last written.
+func (w *writer) headerField(f headerField) uint64 {
+	w.hdrMu.Lock()
+	defer w.hdrMu.Unlock()
+	return f.get(w.hdr0)
 }
 
 // addMeta records new metadata in the map, before it is written.

@@ -61,8 +61,9 @@ type writer struct {
 	headerCleaned bool // unknown autoclear bits cleared (once, at the first write)
 	modified      bool // something was written since the image was opened
 
-	hdrMu  sync.Mutex     // guards hdr0 (an overlap found without mu writes it)
+	hdrMu  sync.Mutex     // guards hdr0 and hdrBuf, serialises header writes (updateHeader)
 	hdr0   []byte         // the header's first sector as written
+	hdrBuf []byte         // where updateHeader assembles the next one
 	buf    []byte         // tableBuf's
 	zeroed map[int64]bool // freed clusters punched: they read zeros
 
@@ -122,7 +123,7 @@ func openWriter(img *Image, f, df WritableFile) (*writer, error) {
 	}
 	w.reft = &table{words: append([]uint64(nil), rt...)}
 	w.reftOff = int64(l.hdr.RefcountTableOffset)
-	w.hdr0 = make([]byte, 512)
+	w.hdr0, w.hdrBuf = make([]byte, 512), make([]byte, 512)
 	if err := readFull(f, w.hdr0[:min(512, l.fsize())], 0, "header"); err != nil {
 		return nil, err
 	}

@@ -82,14 +82,12 @@ func (w *writer) start() error {
 	if err := w.growDataFile(); err != nil {
 		return err
 	}
-	h := w.headerSector()
 	if w.l.hdr.Version < 3 {
 		return nil
 	}
-	auto := fieldAutoclearFeatures.get(h)
+	auto := w.headerField(fieldAutoclearFeatures)
 	if keep := auto & AutoclearDataFileRaw; keep != auto {
-		fieldAutoclearFeatures.put(h, keep)
-		return w.writeHeaderSector(h)
+		return w.updateHeader(func(h []byte) { fieldAutoclearFeatures.put(h, keep) })
 	}
 	return nil
 }
@@ -502,11 +500,9 @@ func (img *Image) Resize(size int64) error {
 	if need*8 > maxL1Bytes {
 		return fmt.Errorf("%s: size %d needs an L1 table of %d entries, more than qemu allows", l.name, size, need)
 	}
-	h := w.headerSector()
-	fieldSize.put(h, uint64(size))
 	t := l.l1.Load()
 	if need <= t.len() {
-		if err := w.writeHeaderSector(h); err != nil {
+		if err := w.updateHeader(func(h []byte) { fieldSize.put(h, uint64(size)) }); err != nil {
 			return err
 		}
 		l.virtSize.Store(size)
@@ -538,9 +534,13 @@ func (img *Image) Resize(size int64) error {
 	if err := w.sync(); err != nil {
 		return err
 	}
-	fieldL1Size.put(h, uint64(need))
-	fieldL1TableOffset.put(h, uint64(off))
-	if err := w.writeHeaderSector(h); err != nil {
+	// The header as it is now: allocating the table may have grown the
+	// refcount table, which switched the header already.
+	if err := w.updateHeader(func(h []byte) {
+		fieldSize.put(h, uint64(size))
+		fieldL1Size.put(h, uint64(need))
+		fieldL1TableOffset.put(h, uint64(off))
+	}); err != nil {
 		return err
 	}
 	l.l1.Store(&l1Table{off: off, entries: entries[:need]})
