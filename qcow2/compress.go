@@ -78,7 +78,12 @@ func (d *decompressor) decompress(dst, src []byte) error {
 		dec, _ := d.zstds.Get().(*zstd.Decoder)
 		if dec == nil {
 			var err error
-			dec, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
+			// A frame may declare any window (up to 3.75 TiB); the
+			// decoder's memory follows it. One cluster is all a frame
+			// may decode to, so a larger window is refused (EIO):
+			// qemu's frames declare their content size, one cluster.
+			dec, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
+				zstd.WithDecoderMaxWindow(uint64(max(d.clusterSize, zstd.MinWindowSize))))
 			if err != nil {
 				return err
 			}
