@@ -41,11 +41,12 @@ func (m *mount) read(oi *openImage, dest []byte, off, limit int64) (fuse.ReadRes
 		return fuse.ReadResultData(nil), 0
 	}
 	size := min(int64(len(dest)), limit-off)
+	// The pin lasts until the reply has gone to the kernel (Done):
+	// go-fuse splices after Read returns, and a host cluster freed and
+	// written again meanwhile must not reach this reply, nor an in-place
+	// write tear one of its sectors.
+	pin := img.PinRange(off, size)
 	if m.cfg.ReadPath == ReadSplice {
-		// The pin lasts until the reply has gone to the kernel (Done):
-		// go-fuse splices after Read returns, and a host cluster freed
-		// and written again meanwhile must not reach this reply.
-		pin := img.Pin()
 		rr, err := spliceRead(img, off, size)
 		if err != nil {
 			pin.Release()
@@ -55,9 +56,9 @@ func (m *mount) read(oi *openImage, dest []byte, off, limit int64) (fuse.ReadRes
 			oi.countRead(size)
 			return pinned(rr, pin), 0
 		}
-		pin.Release()
 	}
 	n, err := img.ReadAt(dest[:size], off)
+	pin.Release()
 	if err != nil && err != io.EOF {
 		return nil, m.readFailed(oi, off, err)
 	}

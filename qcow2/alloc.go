@@ -97,7 +97,7 @@ func (w *writer) setRefcount(c int64, v uint64) error {
 	if _, err := w.refblock(off); err != nil {
 		return err // (checks the offset)
 	}
-	t, err := w.dirtyTable(off, "refcount block")
+	t, err := w.dirtyTable(off, MetaRefcountBlock)
 	if err != nil {
 		return err
 	}
@@ -129,7 +129,7 @@ func (w *writer) ensureRefblock(ti int64) (int64, error) {
 	}
 	words := make([]uint64, cs/8)
 	e := w.l.cache.put(cacheKey{owner: w.l.owner, off: off}, words)
-	w.markDirty(e)
+	w.markDirty(e, MetaRefcountBlock)
 	w.putRef(e.table, 0, 1)
 	if err := w.addMeta(off, cs, MetaRefcountBlock); err != nil {
 		return 0, err
@@ -167,6 +167,9 @@ func (w *writer) allocate(n int64) ([]span, error) {
 		}
 		if again {
 			continue
+		}
+		if err := w.soundBlocks(c, c+k); err != nil {
+			return nil, err
 		}
 		if err := w.reserveFile((c + k) * cs); err != nil {
 			return nil, err
@@ -215,6 +218,9 @@ func (w *writer) allocateTable(n int64) (int64, error) {
 		}
 		nb := int64(len(blocks))
 		end := start + nb + n
+		if err := w.soundBlocks(start, end); err != nil {
+			return 0, err
+		}
 		if err := w.reserveFile(end * cs); err != nil {
 			return 0, err
 		}
@@ -225,7 +231,7 @@ func (w *writer) allocateTable(n int64) (int64, error) {
 			}
 			e := w.l.cache.put(cacheKey{owner: w.l.owner, off: bc * cs}, make([]uint64, cs/8))
 			e.table.touch(0, len(e.table.words))
-			w.markDirty(e)
+			w.markDirty(e, MetaRefcountBlock)
 			w.reft.set(ti, uint64(bc*cs))
 		}
 		for c := start; c < end; c++ {
@@ -235,6 +241,23 @@ func (w *writer) allocateTable(n int64) (int64, error) {
 		}
 		return (start + nb) * cs, nil
 	}
+}
+
+// soundBlocks checks, before the allocator changes refcounts of clusters
+// [start, end), that the existing refcount blocks counting them are
+// refcount blocks only: a refcount table entry naming another table would
+// otherwise have refcounts written into it (and the file grown for
+// clusters it only seems to count).
+func (w *writer) soundBlocks(start, end int64) error {
+	cs := w.l.clusterSize()
+	for ti := start / w.perBlock; ti <= (end-1)/w.perBlock && ti < int64(len(w.reft.words)); ti++ {
+		if off := int64(w.reft.words[ti] & reftOffsetMask); off != 0 {
+			if err := w.checkClusters("changing refcounts in", off, cs, Kinds(MetaRefcountBlock)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // missingBlocks appends to out the indices, in increasing order, of the
@@ -313,23 +336,54 @@ func (w *writer) findEnd() error {
 }
 
 // reserveFile makes sure the image file reaches at least size bytes,
-// growing it ahead in large steps.
+// growing it ahead in large steps. The step ahead is a hint: on a host
+// file system short of space it falls back to half the step, and so on
+// down to exactly size, so that a write fails with ENOSPC only when the
+// host cannot take that write (qemu-io's would fail then too); a file
+// reserved short is given back to its end at the next flush. A failure
+// here has written nothing, so it is not sticky: once space is freed, the
+// next write goes through.
 func (w *writer) reserveFile(size int64) error {
 	if size <= w.fileEnd {
 		return nil
 	}
 	target := (size + growStep - 1) / growStep * growStep
-	if err := w.f.Allocate(w.fileEnd, target-w.fileEnd); err != nil {
-		if !unsupported(err) {
-			return w.fail(err)
+	for {
+		err := w.f.Allocate(w.fileEnd, target-w.fileEnd)
+		if err == nil {
+			break
 		}
-		// A file system without fallocate: the writes will grow the
-		// file themselves.
-		target = size
+		if unsupported(err) {
+			// A file system without fallocate: the writes will grow
+			// the file themselves.
+			target = size
+			break
+		}
+		if !errors.Is(err, syscall.ENOSPC) || target == size {
+			return err
+		}
+		w.short = true
+		ahead := (target - size) / 2 &^ (w.l.clusterSize() - 1) // 0: exactly size
+		target = size + ahead
 	}
 	w.fileEnd = target
 	w.l.setFileSize(target)
 	return nil
+}
+
+// giveBack truncates the image file to the end of the clusters in use (or
+// its size at open, if larger), giving back what reserveFile took ahead.
+// Only clusters no refcount (in memory) counts are cut, so it is safe even
+// on an image that stopped taking writes.
+func (w *writer) giveBack() {
+	cs := w.l.clusterSize()
+	if end := max(w.end*cs, w.zeroFrom*cs); end < w.fileEnd {
+		if err := w.f.Truncate(end); err == nil {
+			w.fileEnd = end
+			w.l.setFileSize(end)
+		}
+	}
+	w.short = false
 }
 
 // growReftable replaces the refcount table by one with room for at least
@@ -341,6 +395,9 @@ func (w *writer) reserveFile(size int64) error {
 func (w *writer) growReftable(need int64) error {
 	l := w.l
 	cs := l.clusterSize()
+	if err := w.tableReleasable(w.reftOff, int64(len(w.reft.words))*8, MetaRefcountTable); err != nil {
+		return err
+	}
 	// The new table must not point at blocks that are not durable: write
 	// everything back first.
 	if err := w.flushLocked(); err != nil {
@@ -378,6 +435,9 @@ func (w *writer) growReftable(need int64) error {
 	nb := int64(len(blocks))
 	tableStart := start + nb
 	areaEnd := tableStart + tableClusters
+	if err := w.soundBlocks(start, areaEnd); err != nil {
+		return err
+	}
 	if err := w.reserveFile(areaEnd * cs); err != nil {
 		return err
 	}
@@ -436,14 +496,8 @@ func (w *writer) growReftable(need int64) error {
 	w.reftOff = tableStart * cs
 	w.reft = &table{words: newTable}
 	w.end = max(w.end, areaEnd)
-	w.l.metaMap.Store(w.l.metaMap.Load().with(oldOff, oldOff+oldClusters*cs, 0))
 	// The header no longer names the old table: its clusters are free.
-	for c := oldOff / cs; c < oldOff/cs+oldClusters; c++ {
-		if err := w.decref(c); err != nil {
-			return err
-		}
-	}
-	return nil
+	return w.releaseTable(oldOff, oldClusters*cs, MetaRefcountTable)
 }
 
 // writeRefblocks writes back the dirty refcount blocks now (they stay
@@ -453,9 +507,9 @@ func (w *writer) growReftable(need int64) error {
 // is durable. A header switch to a new table needs it: the new table's
 // own refcounts must be durable first.
 func (w *writer) writeRefblocks() error {
-	for off, e := range w.dirtyTables {
-		if w.isRefblock(off) {
-			if err := w.writeTable(e, MetaRefcountBlock); err != nil {
+	for _, d := range w.dirtyTables {
+		if d.kind == MetaRefcountBlock {
+			if err := w.writeTable(d.e, MetaRefcountBlock); err != nil {
 				return w.fail(err)
 			}
 		}

@@ -394,7 +394,7 @@ func (c *checker) checkL2(u *l2Use) error {
 				c.incN(int64(offset), cs, n)
 				if mmErr == nil {
 					if r, ok := mm.Overlap(int64(offset), int64(offset)+cs); ok {
-						c.notef("data cluster at %#x (L2 table at %#x, entry %d) overlaps the %s at %#x", offset, u.off, i/words, r.Kind, r.Start)
+						c.notef("data cluster at %#x (L2 table at %#x, entry %d) overlaps the %s at %#x", offset, u.off, i/words, r.Kinds, r.Start)
 					}
 				}
 			}

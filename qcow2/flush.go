@@ -46,33 +46,49 @@ type quarantined struct {
 	tag uint64
 }
 
-// dirtyTable returns the cached table at off (an L2 table or a refcount
-// block of the image file), pinned and recorded as dirty, for the writer
-// to change. load reads it on a miss.
-func (w *writer) dirtyTable(off int64, what string) (*table, error) {
+// dirtyEntry is a table the writer changed and has not written back: an
+// L2 table or a refcount block.
+type dirtyEntry struct {
+	e    *cacheEntry
+	kind MetaKind
+}
+
+// dirtyTable returns the cached table of the given kind at off (an L2
+// table or a refcount block of the image file), pinned and recorded as
+// dirty, for the writer to change. Its cluster must hold that kind of
+// metadata only: an L1 entry naming the refcount table as an L2 table
+// would otherwise have L2 entries written into it (checkOverlap marks the
+// image corrupt instead).
+func (w *writer) dirtyTable(off int64, kind MetaKind) (*table, error) {
 	l := w.l
-	if e := w.dirtyTables[off]; e != nil {
-		return e.table, nil
+	if d, ok := w.dirtyTables[off]; ok {
+		if d.kind != kind {
+			return nil, w.checkOverlap(off, l.clusterSize(), Kinds(kind))
+		}
+		return d.e.table, nil
+	}
+	if err := w.checkOverlap(off, l.clusterSize(), Kinds(kind)); err != nil {
+		return nil, err
 	}
 	e, err := l.cache.pin(cacheKey{owner: l.owner, off: off}, func() ([]uint64, error) {
-		return l.meta.table(off, what)
+		return l.meta.table(off, kind.String())
 	})
 	if err != nil {
 		return nil, err
 	}
-	w.dirtyTables[off] = e
+	w.dirtyTables[off] = dirtyEntry{e, kind}
 	w.dirtyBytes += e.bytes()
 	return e.table, nil
 }
 
-// markDirty records a table the writer put into the cache itself (pinned
-// by Cache.put) as dirty.
-func (w *writer) markDirty(e *cacheEntry) {
-	if w.dirtyTables[e.key.off] != nil {
+// markDirty records a table of the given kind that the writer put into
+// the cache itself (pinned by Cache.put) as dirty.
+func (w *writer) markDirty(e *cacheEntry, kind MetaKind) {
+	if _, ok := w.dirtyTables[e.key.off]; ok {
 		w.l.cache.unpin(e)
 		return
 	}
-	w.dirtyTables[e.key.off] = e
+	w.dirtyTables[e.key.off] = dirtyEntry{e, kind}
 	w.dirtyBytes += e.bytes()
 }
 
@@ -104,11 +120,11 @@ func (w *writer) flushLocked() error {
 	}
 	w.st.flushes.Add(1)
 	var l2s, blocks []*cacheEntry
-	for _, e := range w.dirtyTables {
-		if w.isRefblock(e.key.off) {
-			blocks = append(blocks, e)
+	for _, d := range w.dirtyTables {
+		if d.kind == MetaRefcountBlock {
+			blocks = append(blocks, d.e)
 		} else {
-			l2s = append(l2s, e)
+			l2s = append(l2s, d.e)
 		}
 	}
 	// 1. Refcount blocks, then sync with the data.
@@ -132,7 +148,7 @@ func (w *writer) flushLocked() error {
 	// 3. L2 tables.
 	if len(l2s) > 0 {
 		for _, e := range l2s {
-			if err := w.writeTable(e, MetaL2, MetaSnapshotL2); err != nil {
+			if err := w.writeTable(e, MetaL2); err != nil {
 				return w.fail(err)
 			}
 		}
@@ -155,14 +171,17 @@ func (w *writer) flushLocked() error {
 		}
 		w.l1Dirty = false
 	}
-	for _, e := range w.dirtyTables {
-		w.l.cache.unpin(e)
+	for _, d := range w.dirtyTables {
+		w.l.cache.unpin(d.e)
 	}
 	clear(w.dirtyTables)
 	w.dirtyBytes = 0
 	// 5. The removed references are durably gone.
 	if err := w.releaseFreed(); err != nil {
 		return err
+	}
+	if w.short {
+		w.giveBack()
 	}
 	return nil
 }
@@ -182,8 +201,13 @@ func (w *writer) releaseFreed() error {
 			}
 			switch {
 			case rc == 0:
-				// Corrupt (a reference without a refcount):
-				// nothing to drop.
+				// A reference without a refcount (free checked
+				// when it was scheduled; a refcount block changed
+				// since?): corrupt, and nothing is written.
+				err := &FormatError{File: w.l.name, Field: "refcount", Value: 0, Offset: -1,
+					Msg: fmt.Sprintf("cluster %#x was referenced but has refcount 0: the image is corrupt; it is marked so and no longer written", c*w.l.clusterSize())}
+				w.markCorrupt(err)
+				return err
 			case rc == 1:
 				w.quarantine = append(w.quarantine, quarantined{c: c, tag: tag})
 			default:
@@ -208,6 +232,11 @@ func (w *writer) reclaim() error {
 			keep = append(keep, q)
 			continue
 		}
+		// A cluster that holds metadata is never punched, whatever
+		// its refcount says.
+		if err := w.checkClusters("punching", q.c*cs, cs, 0); err != nil {
+			return err
+		}
 		if err := w.setRefcount(q.c, 0); err != nil {
 			return w.fail(err)
 		}
@@ -226,6 +255,20 @@ func (w *writer) reclaim() error {
 	return nil
 }
 
+// unallocate gives back the fresh clusters of plans that were never
+// linked: nothing references them, so they are quarantined at once, once
+// any write of theirs in flight has landed, and reused like freed ones.
+func (w *writer) unallocate(plans []clusterPlan) {
+	cs := w.l.clusterSize()
+	tag := w.img.pins.epoch.Load()
+	for _, pl := range plans {
+		if pl.fresh {
+			w.behind.wait(pl.host, pl.host+cs)
+			w.quarantine = append(w.quarantine, quarantined{c: pl.host / cs, tag: tag})
+		}
+	}
+}
+
 // markZeroed records that cluster c reads zeros on the host.
 func (w *writer) markZeroed(c int64) {
 	if w.zeroed == nil {
@@ -234,6 +277,71 @@ func (w *writer) markZeroed(c int64) {
 	if len(w.zeroed) < 1<<16 {
 		w.zeroed[c] = true
 	}
+}
+
+// freeable checks that a reference to clusters [first, first+n), naming
+// what kind says (see free), can be dropped: the clusters hold nothing
+// else, and each has a refcount in a sound refcount block (one that is no
+// other table too). A reference without a refcount, or whose refcount
+// lives in another table, is corruption qemu-img check reports; dropping
+// it would write a refcount into that table. Callers check before they
+// change anything, so that a refused write or discard changes nothing.
+func (w *writer) freeable(first, n int64, kind MetaKind) error {
+	cs := w.l.clusterSize()
+	allowed := MetaKinds(0)
+	if kind == MetaL2 {
+		allowed = Kinds(MetaL2, MetaSnapshotL2) // shared with a snapshot
+	}
+	if err := w.checkClusters("freeing", first*cs, n*cs, allowed); err != nil {
+		return err
+	}
+	for c := first; c < first+n; c++ {
+		ti := c / w.perBlock
+		off := int64(0)
+		if ti < int64(len(w.reft.words)) {
+			off = int64(w.reft.words[ti] & reftOffsetMask)
+		}
+		if off != 0 {
+			if err := w.checkClusters("changing refcounts in", off, cs, Kinds(MetaRefcountBlock)); err != nil {
+				return err
+			}
+		}
+		rc, err := w.refcountAt(c)
+		if err != nil {
+			return err
+		}
+		if rc == 0 {
+			err := &FormatError{File: w.l.name, Field: "refcount", Value: 0, Offset: -1,
+				Msg: fmt.Sprintf("cluster %#x is referenced but has refcount 0: the image is corrupt; it is marked so and no longer written", c*cs)}
+			w.markCorrupt(err)
+			return err
+		}
+	}
+	return nil
+}
+
+// releaseTable gives back the clusters of a table of the given kind at
+// [off, off+n) whose last reference, the header's, is durably gone (an L1
+// table or refcount table replaced by a larger one): they must hold that
+// table only, they leave the metadata map, and their refcounts drop.
+func (w *writer) releaseTable(off, n int64, kind MetaKind) error {
+	if err := w.tableReleasable(off, n, kind); err != nil {
+		return err
+	}
+	w.l.metaMap.Store(w.l.metaMap.Load().without(off, off+n, kind))
+	cs := w.l.clusterSize()
+	for c := off / cs; c < (off+n+cs-1)/cs; c++ {
+		if err := w.decref(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// tableReleasable checks, before a table is replaced, that releaseTable
+// will be able to give its clusters back.
+func (w *writer) tableReleasable(off, n int64, kind MetaKind) error {
+	return w.checkClusters("freeing", off, n, Kinds(kind))
 }
 
 // decref removes one reference to cluster c now: for references whose
@@ -252,26 +360,32 @@ func (w *writer) decref(c int64) error {
 
 // free schedules dropping one reference to clusters [first, first+n)
 // once the removal of that reference (made in memory by the caller) is
-// durable.
-func (w *writer) free(first, n int64) {
+// durable. kind is what the reference named: an L2 table (MetaL2), or
+// guest data (0: a data or compressed cluster). The clusters must hold
+// nothing else: a damaged L2 entry naming the L1 table as its data cluster
+// would otherwise have the live L1 table freed and punched. An L2 table
+// leaves the metadata map now: nothing writes it any more, and it is
+// reused only once its refcount reaches zero.
+func (w *writer) free(first, n int64, kind MetaKind) error {
+	cs := w.l.clusterSize()
+	if err := w.freeable(first, n, kind); err != nil {
+		return err
+	}
+	if kind != 0 {
+		w.l.metaMap.Store(w.l.metaMap.Load().without(first*cs, (first+n)*cs, kind))
+	}
 	if k := len(w.pendingFree); k > 0 && w.pendingFree[k-1].first+w.pendingFree[k-1].n == first {
 		w.pendingFree[k-1].n += n
-		return
+		return nil
 	}
 	w.pendingFree = append(w.pendingFree, freeing{first, n})
-}
-
-// isRefblock reports whether off is one of the refcount blocks.
-func (w *writer) isRefblock(off int64) bool {
-	m := w.l.metaMap.Load()
-	r, ok := m.Overlap(off, off+1)
-	return ok && r.Kind == MetaRefcountBlock
+	return nil
 }
 
 // writeTable writes the dirty part of a cached table back to its cluster,
 // whole sectors at a time.
-func (w *writer) writeTable(e *cacheEntry, kinds ...MetaKind) error {
-	if err := w.writeWords(e.table, e.key.off, kinds...); err != nil {
+func (w *writer) writeTable(e *cacheEntry, kind MetaKind) error {
+	if err := w.writeWords(e.table, e.key.off, kind); err != nil {
 		return err
 	}
 	w.st.tablesFlushed.Add(1)
@@ -280,7 +394,7 @@ func (w *writer) writeTable(e *cacheEntry, kinds ...MetaKind) error {
 
 // writeWords writes words [dirtyLo, dirtyHi) of t, rounded out to whole
 // 512-byte sectors, to the table at off, and marks t clean.
-func (w *writer) writeWords(t *table, off int64, kinds ...MetaKind) error {
+func (w *writer) writeWords(t *table, off int64, kind MetaKind) error {
 	if t.dirtyLo >= t.dirtyHi {
 		return nil
 	}
@@ -290,7 +404,7 @@ func (w *writer) writeWords(t *table, off int64, kinds ...MetaKind) error {
 	for i := lo; i < hi; i++ {
 		putWord(buf[(i-lo)*8:], t.word(int64(i)))
 	}
-	if err := w.writeMeta(buf, off+int64(lo)*8, kinds...); err != nil {
+	if err := w.writeMeta(buf, off+int64(lo)*8, kind); err != nil {
 		return err
 	}
 	t.dirtyLo, t.dirtyHi = 0, 0
@@ -305,11 +419,11 @@ func (w *writer) tableBuf(n int) []byte {
 	return w.buf[:n*8]
 }
 
-// writeMeta writes metadata of one of the given kinds at off, after
-// checking that the range holds only metadata of those kinds (a free
-// cluster becoming one is added to the map before it is written).
-func (w *writer) writeMeta(b []byte, off int64, kinds ...MetaKind) error {
-	if err := w.checkOverlap(off, int64(len(b)), kinds...); err != nil {
+// writeMeta writes metadata of the given kind at off, after checking that
+// its clusters hold only metadata of that kind (a free cluster becoming
+// one is added to the map before it is written).
+func (w *writer) writeMeta(b []byte, off int64, kind MetaKind) error {
+	if err := w.checkOverlap(off, int64(len(b)), Kinds(kind)); err != nil {
 		return err
 	}
 	if _, err := w.f.WriteAt(b, off); err != nil {
@@ -324,7 +438,7 @@ func (w *writer) writeMeta(b []byte, off int64, kinds ...MetaKind) error {
 // holds a pin of its own until it lands.
 func (w *writer) writeData(b []byte, off int64, pin Pin) error {
 	if w.df == w.f {
-		if err := w.checkOverlap(off, int64(len(b))); err != nil {
+		if err := w.checkOverlap(off, int64(len(b)), 0); err != nil {
 			return err
 		}
 	}
@@ -352,16 +466,22 @@ func (w *writer) writeData(b []byte, off int64, pin Pin) error {
 const writebackMin = 256 << 10
 
 // checkOverlap fails, marks the image corrupt (as qemu does) and stops all
-// writes if [off, off+n) of the image file holds metadata of a kind other
-// than allowed.
-func (w *writer) checkOverlap(off, n int64, allowed ...MetaKind) error {
+// writes if a cluster of [off, off+n) of the image file holds metadata of
+// a kind not in allowed.
+func (w *writer) checkOverlap(off, n int64, allowed MetaKinds) error {
+	return w.checkClusters("a write of", off, n, allowed)
+}
+
+// checkClusters is checkOverlap for any change of a host range: what says
+// what the change is ("a write of", "freeing", "punching").
+func (w *writer) checkClusters(what string, off, n int64, allowed MetaKinds) error {
 	m := w.l.metaMap.Load()
-	r, bad := m.conflict(off, off+n, allowed...)
+	r, bad := m.conflict(off, off+n, allowed)
 	if !bad {
 		return nil
 	}
 	err := &FormatError{File: w.l.name, Field: "host offset", Value: uint64(off), Offset: -1,
-		Msg: fmt.Sprintf("a write of %d bytes would overwrite the %s at %#x: the image is corrupt; it is marked so and no longer written", n, r.Kind, r.Start)}
+		Msg: fmt.Sprintf("%s %d bytes at %#x would change the %s in cluster %#x: the image is corrupt; it is marked so and no longer written", what, n, off, r.Kinds, r.Start)}
 	w.markCorrupt(err)
 	return fmt.Errorf("%w: %w", ErrOverlap, err)
 }
@@ -438,9 +558,9 @@ func (w *writer) headerField(f headerField) uint64 {
 // addMeta records new metadata in the map, before it is written.
 func (w *writer) addMeta(off, n int64, k MetaKind) error {
 	m := w.l.metaMap.Load()
-	if r, bad := m.conflict(off, off+n); bad {
+	if r, bad := m.conflict(off, off+n, 0); bad {
 		err := &FormatError{File: w.l.name, Field: "host offset", Value: uint64(off), Offset: -1,
-			Msg: fmt.Sprintf("a new %s would overlap the %s at %#x: the image is corrupt; it is marked so and no longer written", k, r.Kind, r.Start)}
+			Msg: fmt.Sprintf("a new %s at %#x would overlap the %s in cluster %#x: the image is corrupt; it is marked so and no longer written", k, off, r.Kinds, r.Start)}
 		w.markCorrupt(err)
 		return fmt.Errorf("%w: %w", ErrOverlap, err)
 	}

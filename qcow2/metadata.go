@@ -3,13 +3,23 @@ package qcow2
 import (
 	"fmt"
 	"sort"
+	"strings"
 )
 
-// The metadata map: every host range of an image file that holds metadata,
-// by kind, as a sorted list of disjoint ranges with an O(log n) overlap
-// query. The read path asks it whether a data or compressed cluster points
-// into metadata (corruption: the read fails instead of handing metadata to
-// the guest), and the image check uses it to report such overlaps.
+// The metadata map: every host cluster of an image file that holds
+// metadata, with the kinds of metadata that claim it, as a sorted list of
+// disjoint ranges with an O(log n) overlap query. The read path asks it
+// whether a data or compressed cluster points into metadata (corruption:
+// the read fails instead of handing metadata to the guest), the writer
+// checks every host write, free and punch against it, and the image check
+// uses it to report overlaps.
+//
+// Ranges are whole clusters, as qemu's overlap checks widen every
+// metadata range (qcow2_check_metadata_overlap): an L1 table of one
+// entry claims its whole cluster, so a data cluster pointed into the rest
+// of it is an overlap too. A cluster claimed by two kinds of tables (an L1
+// entry naming the refcount table as an L2 table) keeps both kinds: it is
+// itself an overlap, and any write of one of them there is refused.
 //
 // It is built when the image opens, from what the image already says: the
 // header cluster, the L1 table and the L2 tables its entries name, the
@@ -21,8 +31,8 @@ import (
 // table; each table is read once however many entries name it, the tables
 // read are bounded (maxMapTableBytes) and every byte held is charged to the
 // memory budget. Memory is 24 bytes per range after merging adjacent ranges
-// of one kind: the builder merges as it goes, so tables that name the same
-// clusters over and over cost no more than the distinct ranges.
+// of the same kinds: the builder merges as it goes, so tables that name the
+// same clusters over and over cost no more than the distinct ranges.
 
 // MetaKind is a kind of metadata.
 type MetaKind uint8
@@ -51,18 +61,52 @@ func (k MetaKind) String() string {
 	return "metadata"
 }
 
-// MetaRange is a host range [Start, End) holding metadata of one kind.
-type MetaRange struct {
-	Start, End int64
-	Kind       MetaKind
+// MetaKinds is a set of kinds of metadata.
+type MetaKinds uint16
+
+// Kinds returns the set holding the given kinds.
+func Kinds(ks ...MetaKind) MetaKinds {
+	var s MetaKinds
+	for _, k := range ks {
+		s |= 1 << k
+	}
+	return s
 }
 
-// MetadataMap is the sorted, disjoint list of an image file's metadata.
-// A map is never changed once published: the writer publishes a new one
-// (with) when it allocates or frees metadata, and readers keep whatever map
-// they loaded.
+// Has reports whether k is in the set.
+func (s MetaKinds) Has(k MetaKind) bool { return s&(1<<k) != 0 }
+
+// String names the kinds: "L2 table", "L2 table and refcount table".
+func (s MetaKinds) String() string {
+	var names []string
+	for k := MetaHeader; int(k) < len(metaNames); k++ {
+		if s.Has(k) {
+			names = append(names, k.String())
+		}
+	}
+	switch len(names) {
+	case 0:
+		return "no metadata"
+	case 1:
+		return names[0]
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
+}
+
+// MetaRange is a host range [Start, End) of whole clusters holding
+// metadata of the kinds Kinds.
+type MetaRange struct {
+	Start, End int64
+	Kinds      MetaKinds
+}
+
+// MetadataMap is the sorted, disjoint list of an image file's metadata
+// clusters. A map is never changed once published: the writer publishes a
+// new one (with, without) when it allocates or frees metadata, and readers
+// keep whatever map they loaded.
 type MetadataMap struct {
-	ranges []MetaRange
+	ranges      []MetaRange
+	clusterBits uint
 }
 
 // Overlap returns the first metadata range overlapping [start, end), if
@@ -79,55 +123,85 @@ func (m *MetadataMap) Overlap(start, end int64) (MetaRange, bool) {
 // Ranges returns the map's ranges, sorted. They must not be modified.
 func (m *MetadataMap) Ranges() []MetaRange { return m.ranges }
 
-// conflict returns the first metadata range overlapping [start, end) whose
-// kind is not one of allowed: a write of guest data (allowed: none), or of
-// an L2 table (allowed: MetaL2), must not land there.
-func (m *MetadataMap) conflict(start, end int64, allowed ...MetaKind) (MetaRange, bool) {
+// conflict returns the first metadata range overlapping [start, end) that
+// holds a kind not in allowed: guest data (allowed: none) must not land
+// on any metadata, an L2 table (allowed: L2) not on a cluster that also
+// holds a refcount block.
+func (m *MetadataMap) conflict(start, end int64, allowed MetaKinds) (MetaRange, bool) {
 	r := m.ranges
 	for i := sort.Search(len(r), func(i int) bool { return r[i].End > start }); i < len(r) && r[i].Start < end; i++ {
-		ok := false
-		for _, k := range allowed {
-			ok = ok || r[i].Kind == k
-		}
-		if !ok {
+		if r[i].Kinds&^allowed != 0 {
 			return r[i], true
 		}
 	}
 	return MetaRange{}, false
 }
 
-// with returns a copy of the map with [start, end) set to kind (merged with
-// touching ranges of the same kind); kind 0 removes the range instead. The
-// copy costs O(n): metadata is allocated a cluster at a time, seldom
-// compared with data (one L2 table per 512 MiB of guest disk at the
-// default cluster size).
+// widen rounds [start, end) out to whole clusters.
+func (m *MetadataMap) widen(start, end int64) (int64, int64) {
+	cs := int64(1) << m.clusterBits
+	return start &^ (cs - 1), (end + cs - 1) &^ (cs - 1)
+}
+
+// with returns a copy of the map in which the clusters of [start, end)
+// hold kind too.
 func (m *MetadataMap) with(start, end int64, kind MetaKind) *MetadataMap {
+	return m.update(start, end, func(s MetaKinds) MetaKinds { return s | Kinds(kind) })
+}
+
+// without returns a copy of the map in which the clusters of [start, end)
+// no longer hold kind.
+func (m *MetadataMap) without(start, end int64, kind MetaKind) *MetadataMap {
+	return m.update(start, end, func(s MetaKinds) MetaKinds { return s &^ Kinds(kind) })
+}
+
+// update returns a copy of the map with f applied to the kinds of every
+// cluster of [start, end) (widened to whole clusters), empty ranges
+// dropped and touching ranges of the same kinds merged. The copy costs
+// O(n): metadata is allocated a cluster at a time, seldom compared with
+// data (one L2 table per 512 MiB of guest disk at the default cluster
+// size).
+func (m *MetadataMap) update(start, end int64, f func(MetaKinds) MetaKinds) *MetadataMap {
+	start, end = m.widen(start, end)
 	r := m.ranges
-	i := sort.Search(len(r), func(i int) bool { return r[i].End >= start })
-	out := make([]MetaRange, 0, len(r)+2)
+	i := sort.Search(len(r), func(i int) bool { return r[i].End > start })
+	out := make([]MetaRange, 0, len(r)+3)
 	out = append(out, r[:i]...)
-	var tail []MetaRange
+	add := func(x MetaRange) {
+		if x.Start >= x.End || x.Kinds == 0 {
+			return
+		}
+		if n := len(out); n > 0 && out[n-1].End == x.Start && out[n-1].Kinds == x.Kinds {
+			out[n-1].End = x.End
+			return
+		}
+		out = append(out, x)
+	}
+	pos := start
 	j := i
-	for ; j < len(r) && r[j].Start <= end; j++ {
+	for ; j < len(r) && r[j].Start < end; j++ {
 		x := r[j]
-		if kind != 0 && x.Kind == kind {
-			start, end = min(start, x.Start), max(end, x.End)
-			continue
-		}
-		// Another kind: keep what lies outside [start, end).
 		if x.Start < start {
-			out = append(out, MetaRange{x.Start, min(x.End, start), x.Kind})
+			add(MetaRange{x.Start, start, x.Kinds})
 		}
+		if pos < x.Start {
+			add(MetaRange{pos, x.Start, f(0)}) // a gap
+		}
+		a := max(x.Start, start)
+		b := min(x.End, end)
+		add(MetaRange{a, b, f(x.Kinds)})
+		pos = b
 		if x.End > end {
-			tail = append(tail, MetaRange{max(x.Start, end), x.End, x.Kind})
+			add(MetaRange{end, x.End, x.Kinds})
 		}
 	}
-	if kind != 0 {
-		out = append(out, MetaRange{start, end, kind})
+	if pos < end {
+		add(MetaRange{pos, end, f(0)})
 	}
-	out = append(out, tail...)
-	out = append(out, r[j:]...)
-	return &MetadataMap{ranges: out}
+	for ; j < len(r); j++ {
+		add(r[j])
+	}
+	return &MetadataMap{ranges: out, clusterBits: m.clusterBits}
 }
 
 // metaBuilder collects ranges, then sorts and merges them. With a charge,
@@ -136,15 +210,18 @@ func (m *MetadataMap) with(start, end int64, kind MetaKind) *MetadataMap {
 // than half; the first charge that fails is kept in err and ends the
 // collecting.
 type metaBuilder struct {
-	ranges []MetaRange
-	charge *charge // nil: no budget (tests, the check's counting)
-	held   int64   // bytes charged for ranges' buffer
-	err    error
+	clusterBits uint
+	ranges      []MetaRange
+	charge      *charge // nil: no budget (tests, the check's counting)
+	held        int64   // bytes charged for ranges' buffer
+	err         error
 }
 
 // metaRangeBytes is the memory of one MetaRange.
 const metaRangeBytes = 24
 
+// add records length bytes at start as metadata of kind k: the clusters
+// they touch.
 func (b *metaBuilder) add(start, length int64, k MetaKind) {
 	if length <= 0 || b.err != nil {
 		return
@@ -155,19 +232,20 @@ func (b *metaBuilder) add(start, length int64, k MetaKind) {
 			return
 		}
 	}
-	b.ranges = append(b.ranges, MetaRange{start, start + length, k})
+	cs := int64(1) << b.clusterBits
+	b.ranges = append(b.ranges, MetaRange{start &^ (cs - 1), (start + length + cs - 1) &^ (cs - 1), Kinds(k)})
 }
 
 // grow makes room for more ranges: by merging those it has, or by a
 // larger buffer, charged first.
 func (b *metaBuilder) grow() {
 	if n := len(b.ranges); n >= 1024 {
-		b.ranges = mergeRanges(b.ranges)
+		b.ranges = b.merge(b.ranges)
 		if len(b.ranges) <= n/2 {
 			return
 		}
 	}
-	newCap := max(1024, 2*cap(b.ranges))
+	newCap := max(1024, 2*len(b.ranges))
 	need := int64(newCap) * metaRangeBytes
 	if err := b.charge.add(need, "metadata map"); err != nil {
 		b.err = err
@@ -180,11 +258,24 @@ func (b *metaBuilder) grow() {
 	b.held = need
 }
 
-// build sorts the ranges and merges touching or overlapping ones of the
-// same kind. Overlapping ranges of different kinds are kept apart: the
-// first in sort order wins the overlap query.
+// merge merges r (see mergeRanges), charging a buffer that merging
+// overlapping kinds had to allocate.
+func (b *metaBuilder) merge(r []MetaRange) []MetaRange {
+	out := mergeRanges(r)
+	if b.charge != nil && cap(out) != cap(r) {
+		need := int64(cap(out)) * metaRangeBytes
+		if err := b.charge.add(need, "metadata map"); err != nil && b.err == nil {
+			b.err = err
+		}
+		b.charge.sub(b.held)
+		b.held = need
+	}
+	return out
+}
+
+// build sorts the ranges and merges them into the map.
 func (b *metaBuilder) build() *MetadataMap {
-	r := mergeRanges(b.ranges)
+	r := b.merge(b.ranges)
 	if b.charge != nil && cap(r) > 2*len(r)+1024 {
 		// Keep only what the map needs.
 		exact := make([]MetaRange, len(r))
@@ -193,32 +284,72 @@ func (b *metaBuilder) build() *MetadataMap {
 		b.charge.sub(b.held - int64(cap(r))*metaRangeBytes)
 		b.held = int64(cap(r)) * metaRangeBytes
 	}
-	return &MetadataMap{ranges: r}
+	return &MetadataMap{ranges: r, clusterBits: b.clusterBits}
 }
 
-// mergeRanges sorts r and merges it in place (see build).
+// mergeRanges sorts r and merges it into disjoint ranges, touching ranges
+// of the same kinds merged, the kinds of overlapping ones joined. Images
+// qemu made have no overlaps between kinds, and are merged in place; a
+// damaged one is merged into a new slice.
 func mergeRanges(r []MetaRange) []MetaRange {
-	sort.Slice(r, func(i, j int) bool {
-		if r[i].Start != r[j].Start {
-			return r[i].Start < r[j].Start
-		}
-		return r[i].Kind < r[j].Kind
-	})
+	sort.Slice(r, func(i, j int) bool { return r[i].Start < r[j].Start })
 	out := r[:0]
-	for _, x := range r {
-		if n := len(out); n > 0 && out[n-1].Kind == x.Kind && x.Start <= out[n-1].End {
+	for i, x := range r {
+		n := len(out)
+		if n > 0 && x.Start <= out[n-1].End && x.Kinds == out[n-1].Kinds {
 			out[n-1].End = max(out[n-1].End, x.End)
 			continue
 		}
-		if n := len(out); n > 0 && x.Start < out[n-1].End {
-			// Overlaps a range of another kind (a corrupt image):
-			// keep what lies beyond it.
-			if x.End <= out[n-1].End {
-				continue
-			}
-			x.Start = out[n-1].End
+		if n > 0 && x.Start < out[n-1].End {
+			// Kinds overlap: out and the rest of r still cover
+			// what r covered.
+			return sweepRanges(append(append([]MetaRange(nil), out...), r[i:]...))
 		}
 		out = append(out, x)
+	}
+	return out
+}
+
+// sweepRanges makes disjoint ranges of overlapping ones, each holding the
+// kinds of every range that covers it.
+func sweepRanges(r []MetaRange) []MetaRange {
+	type event struct {
+		pos   int64
+		kinds MetaKinds
+		delta int
+	}
+	ev := make([]event, 0, 2*len(r))
+	for _, x := range r {
+		ev = append(ev, event{x.Start, x.Kinds, 1}, event{x.End, x.Kinds, -1})
+	}
+	sort.Slice(ev, func(i, j int) bool { return ev[i].pos < ev[j].pos })
+	var out []MetaRange
+	var count [16]int
+	var cur MetaKinds // the kinds of [from, the next event)
+	var from int64
+	for i := 0; i < len(ev); {
+		pos := ev[i].pos
+		if cur != 0 && pos > from {
+			if n := len(out); n > 0 && out[n-1].End == from && out[n-1].Kinds == cur {
+				out[n-1].End = pos
+			} else {
+				out = append(out, MetaRange{from, pos, cur})
+			}
+		}
+		for ; i < len(ev) && ev[i].pos == pos; i++ {
+			for k := range count {
+				if ev[i].kinds&(1<<k) != 0 {
+					count[k] += ev[i].delta
+				}
+			}
+		}
+		cur = 0
+		for k, c := range count {
+			if c > 0 {
+				cur |= 1 << k
+			}
+		}
+		from = pos
 	}
 	return out
 }
@@ -249,7 +380,7 @@ const maxMapTableBytes = 8 * maxL1Bytes
 func (l *layer) buildMetadata() (*MetadataMap, error) {
 	h := l.hdr
 	cs := l.clusterSize()
-	b := metaBuilder{charge: l.budget}
+	b := metaBuilder{charge: l.budget, clusterBits: l.clusterBits}
 	b.add(0, cs, MetaHeader)
 
 	addL1 := func(l1 []uint64, kind, l2kind MetaKind, off int64) {
@@ -353,7 +484,7 @@ func (l *layer) checkNotMetadata(off, n int64, e l2Entry, entryOff int64) error 
 			what = "compressed cluster"
 		}
 		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
-			Msg: fmt.Sprintf("%s at host offset %#x overlaps the %s at %#x", what, off, r.Kind, r.Start)}
+			Msg: fmt.Sprintf("%s at host offset %#x overlaps the %s at %#x", what, off, r.Kinds, r.Start)}
 	}
 	return nil
 }

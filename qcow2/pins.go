@@ -23,10 +23,13 @@ type pins struct {
 }
 
 // A Pin keeps the host clusters a request mapped from being reused; see
-// Image.Pin.
+// Image.Pin. A pin from Image.PinRange also holds its guest range against
+// in-place writes (sectorlock.go).
 type Pin struct {
-	p *pins
-	e uint64
+	p          *pins
+	e          uint64
+	rl         *rangeLock
+	start, end int64
 }
 
 // take returns a pin in the current epoch.
@@ -44,6 +47,9 @@ func (p *pins) take() Pin {
 
 // Release ends the pin. Releasing the zero Pin does nothing.
 func (pin Pin) Release() {
+	if pin.rl != nil {
+		pin.rl.unlock(pin.start, pin.end, false)
+	}
 	if pin.p != nil {
 		pin.p.count[pin.e&1].Add(-1)
 	}
@@ -57,7 +63,7 @@ func (pin Pin) dup() Pin {
 	if pin.p != nil {
 		pin.p.count[pin.e&1].Add(1)
 	}
-	return pin
+	return Pin{p: pin.p, e: pin.e}
 }
 
 // advance moves the epoch on if the slot it would reuse has drained, and

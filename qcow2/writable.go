@@ -38,8 +38,9 @@ type writer struct {
 	mu sync.Mutex
 	// busyCond waits for a guest range held by another write.
 	busyCond *sync.Cond
-	busy     []span  // guest ranges being written, by offset
-	behind   *behind // data writes in flight (behind.go)
+	busy     []span     // guest ranges being written, by offset
+	behind   *behind    // data writes in flight (behind.go)
+	sectors  *rangeLock // guest ranges read, and written in place (sectorlock.go)
 
 	reft          *table // the refcount table; its dirty range is written back
 	reftOff       int64  // where it lies
@@ -52,12 +53,13 @@ type writer struct {
 	fileEnd       int64  // the image file's size as the writer made it
 	dataEnd       int64  // the data file's size (external data files)
 	dataZeroFrom  int64  // and its size at open, rounded up to a cluster
-	dirtyTables   map[int64]*cacheEntry
+	dirtyTables   map[int64]dirtyEntry
 	dirtyBytes    int64
 	l1Dirty       bool
 	l1Lo, l1Hi    int64 // dirty L1 entries [lo, hi)
 	pendingFree   []freeing
 	quarantine    []quarantined
+	short         bool // the host ran short of space: the growth ahead is given back at flush
 	headerCleaned bool // unknown autoclear bits cleared (once, at the first write)
 	modified      bool // something was written since the image was opened
 
@@ -110,7 +112,7 @@ func readOnlyReason(l *layer) string {
 // opened for writing, df its data file (nil without one).
 func openWriter(img *Image, f, df WritableFile) (*writer, error) {
 	l := img.top
-	w := &writer{img: img, l: l, f: f, df: f, dirtyTables: map[int64]*cacheEntry{}, behind: newBehind()}
+	w := &writer{img: img, l: l, f: f, df: f, dirtyTables: map[int64]dirtyEntry{}, behind: newBehind(), sectors: newRangeLock()}
 	w.busyCond = sync.NewCond(&w.mu)
 	if df != nil {
 		w.df = df

@@ -72,11 +72,13 @@ func (w *writer) start() error {
 		return nil
 	}
 	w.headerCleaned = true
-	// Clusters in use may end past the end of the file (qemu leaves the
-	// last one cut short): the file covers them from now on, so that
-	// what is written in place there reads back (reads clip at the
-	// file's end). Likewise a data file covers the whole disk.
-	if err := w.reserveFile(w.end * w.l.clusterSize()); err != nil {
+	// The last cluster in use may end past the end of the file (qemu
+	// leaves it cut short): the file covers it from now on, so that what
+	// is written in place there reads back (reads clip at the file's
+	// end). (Not further: refcounts past that are a damaged image's.)
+	// Likewise a data file covers the whole disk.
+	cs := w.l.clusterSize()
+	if err := w.reserveFile(min(w.end*cs, (w.l.fsize()+cs-1)&^(cs-1))); err != nil {
 		return err
 	}
 	if err := w.growDataFile(); err != nil {
@@ -101,11 +103,14 @@ func (w *writer) writeRun(p []byte, off int64) (int, error) {
 	n := min(int64(len(p)), l2Span-off&(l2Span-1), max(maxRunBytes, cs))
 	p = p[:n]
 
-	// In place: no lock, the pin holds the host clusters.
+	// In place: no metadata lock, the pin holds the host clusters, and
+	// the guest range is held against readers (sector atomicity).
 	pin := w.img.pins.take()
+	w.sectors.lock(off, off+n)
 	k, host, err := w.inPlaceRun(off, n)
 	if err == nil && k > 0 {
 		err = w.writeData(p[:k], host, pin)
+		w.sectors.unlock(off, off+n, true)
 		pin.Release()
 		if err != nil {
 			return 0, err
@@ -114,6 +119,7 @@ func (w *writer) writeRun(p []byte, off int64) (int, error) {
 		w.addHostBytes(k, 0)
 		return int(k), nil
 	}
+	w.sectors.unlock(off, off+n, true)
 	pin.Release()
 	if err != nil {
 		return 0, err
@@ -141,8 +147,14 @@ func (w *writer) inPlaceRun(off, n int64) (int64, int64, error) {
 		e := tab.entry(idx, l.extendedL2)
 		a := pos & (cs - 1)
 		b := min(cs, a+off+n-pos)
-		h := e.hostOffset() + a
-		if !w.inPlace(e, a, b, true) || (done > 0 && h != host+done) {
+		if !w.inPlace(e, a, b, true) {
+			break
+		}
+		h, err := w.dataCluster(e, pos>>l.clusterBits)
+		if err != nil {
+			return 0, 0, err
+		}
+		if h += a; done > 0 && h != host+done {
 			break
 		}
 		if done == 0 {
@@ -224,6 +236,9 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 	pin.Release()
 	w.mu.Lock()
 	if err != nil {
+		// (A copy-on-write part that cannot be read, say.) The fresh
+		// clusters were never linked: they go back, not leak.
+		w.unallocate(plans)
 		return 0, err
 	}
 	// Linked into the table ownedL2 returned: the writer owns it, and
@@ -232,7 +247,9 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	w.link(tab, plans)
+	if err := w.link(tab, plans); err != nil {
+		return 0, err
+	}
 	if l.external() {
 		for _, pl := range plans {
 			w.dataEnd = max(w.dataEnd, pl.host+min(cs, l.vsize()-pl.g*cs))
@@ -434,12 +451,17 @@ func (w *writer) zeroClusters(off, n int64, keep bool) error {
 		if next == e {
 			continue
 		}
+		// What the entry stops naming is freed once the change is
+		// durable (free refuses, before the change, to free metadata).
+		if !external && next.word&l2OffsetMask == 0 {
+			if first, k := w.referenced(e); k > 0 {
+				if err := w.free(first, k, 0); err != nil {
+					return err
+				}
+			}
+		}
 		tab.setEntry(idx, next, l.extendedL2)
-		switch {
-		case e.compressed():
-			o, size := e.compressedRange(l.clusterBits)
-			w.free(o/cs, (o+size-1)/cs-o/cs+1)
-		case external:
+		if external {
 			// The data file: give the space back now (a raw data file
 			// must read zeros there; the entry says so too), after any
 			// write in flight there.
@@ -454,8 +476,6 @@ func (w *writer) zeroClusters(off, n int64, keep bool) error {
 					}
 				}
 			}
-		case e.allocated(false) && next.word&l2OffsetMask == 0:
-			w.free(e.hostOffset()/cs, 1)
 		}
 	}
 	w.img.invalidate(off, n)
@@ -508,7 +528,13 @@ func (img *Image) Resize(size int64) error {
 		l.virtSize.Store(size)
 		return w.growDataFile()
 	}
-	// A new L1 table, all entries of the old one and zeros.
+	// A new L1 table, all entries of the old one and zeros. The old one
+	// is given back once the header names the new one: check first that
+	// it can be.
+	oldOff, oldLen := t.off, (t.len()*8+cs-1)/cs*cs
+	if err := w.tableReleasable(oldOff, oldLen, MetaL1); err != nil {
+		return err
+	}
 	clusters := (need*8 + cs - 1) / cs
 	off, err := w.allocateTable(clusters)
 	if err != nil {
@@ -549,12 +575,8 @@ func (img *Image) Resize(size int64) error {
 		return err
 	}
 	// The header names the new table: the old one's clusters are free.
-	oldOff, oldLen := t.off, (t.len()*8+cs-1)/cs*cs
-	w.l.metaMap.Store(w.l.metaMap.Load().with(oldOff, oldOff+oldLen, 0))
-	for c := oldOff / cs; c < (oldOff+oldLen)/cs; c++ {
-		if err := w.decref(c); err != nil {
-			return err
-		}
+	if err := w.releaseTable(oldOff, oldLen, MetaL1); err != nil {
+		return err
 	}
 	return w.reclaim()
 }
@@ -585,6 +607,9 @@ func (w *writer) close() error {
 	if !w.modified {
 		return nil // never written: nothing to do, nothing to sync
 	}
+	// Whatever happens, the space taken ahead goes back: an image that
+	// failed must not keep a full host file system full.
+	defer w.giveBack()
 	if err := w.usable(); err != nil {
 		return err
 	}
@@ -596,12 +621,6 @@ func (w *writer) close() error {
 			break
 		}
 	}
-	cs := w.l.clusterSize()
-	if end := max(w.end*cs, w.zeroFrom*cs); end < w.fileEnd {
-		if err := w.f.Truncate(end); err == nil {
-			w.fileEnd = end
-			w.l.setFileSize(end)
-		}
-	}
+	w.giveBack()
 	return w.sync()
 }

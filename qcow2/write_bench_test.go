@@ -93,6 +93,6 @@ func BenchmarkOverlapCheck(b *testing.B) {
 	for i := range b.N {
 		off := offs[i%len(offs)]
 		m := w.l.metaMap.Load()
-		m.conflict(off, off+4096)
+		m.conflict(off, off+4096, 0)
 	}
 }

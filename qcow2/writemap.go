@@ -50,10 +50,17 @@ func (w *writer) ownedL2(l1i int64) (*table, int64, error) {
 		}
 	}
 	if off != 0 && e.copied() {
-		tab, err := w.dirtyTable(off, "L2 table")
+		tab, err := w.dirtyTable(off, MetaL2)
 		return tab, off, err
 	}
 	cs := l.clusterSize()
+	if off != 0 {
+		// The shared table is freed once the new one is durable:
+		// refuse now if that would free anything but an L2 table.
+		if err := w.freeable(off/cs, 1, MetaL2); err != nil {
+			return nil, 0, err
+		}
+	}
 	words := make([]uint64, cs/8)
 	if off != 0 {
 		// Shared with a snapshot: the copy is ours; its entries point
@@ -81,13 +88,15 @@ func (w *writer) ownedL2(l1i int64) (*table, int64, error) {
 	}
 	ce := l.cache.put(cacheKey{owner: l.owner, off: noff}, words)
 	ce.table.touch(0, len(words))
-	w.markDirty(ce)
+	w.markDirty(ce, MetaL2)
 	atomicStoreL1(t, l1i, l1Entry(uint64(noff)|oflagCopied))
 	w.dirtyL1(l1i)
 	if off != 0 {
 		// The L1 entry stops naming the shared table once it is
 		// durable: then the table counts one reference less.
-		w.free(off/cs, 1)
+		if err := w.free(off/cs, 1, MetaL2); err != nil {
+			return nil, 0, err
+		}
 	}
 	return ce.table, noff, nil
 }
@@ -130,13 +139,21 @@ func (w *writer) plan(g, idx int64, e l2Entry, a, b int64) (clusterPlan, error) 
 		// written (grown with truncate, or never reached).
 		p.zeroed = p.host >= w.dataZeroFrom
 	case owned:
-		if h := e.hostOffset(); h&(cs-1) != 0 {
-			return p, &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: -1,
-				Msg: fmt.Sprintf("host cluster offset %#x is not cluster aligned", h)}
+		h, err := w.dataCluster(e, g)
+		if err != nil {
+			return p, err
 		}
-		p.host = e.hostOffset()
+		p.host = h
 	default:
 		p.fresh = true // host and zeroed come with the allocation
+		// What it replaces is freed once the new entry is durable:
+		// refuse now, before anything is written, if that would free
+		// metadata.
+		if first, n := w.referenced(e); n > 0 {
+			if err := w.freeable(first, n, 0); err != nil {
+				return p, err
+			}
+		}
 	}
 	// Bytes of the last cluster past the end of the disk are never read:
 	// nothing is copied there.
@@ -198,9 +215,8 @@ func appendSpan(spans []span, s, t int64) []span {
 // link installs the entries of plans (made for L2 table tab at index l1i,
 // their data written) and schedules the release of what they replace. The
 // caller holds w.mu.
-func (w *writer) link(tab *table, plans []clusterPlan) {
+func (w *writer) link(tab *table, plans []clusterPlan) error {
 	l := w.l
-	cs := l.clusterSize()
 	for i := range plans {
 		p := &plans[i]
 		p.next.word = p.next.word&^l2OffsetMask | uint64(p.host)&l2OffsetMask
@@ -208,13 +224,43 @@ func (w *writer) link(tab *table, plans []clusterPlan) {
 		if !p.fresh {
 			continue
 		}
-		switch e := p.old; {
-		case e.compressed():
-			off, size := e.compressedRange(l.clusterBits)
-			first := off / cs
-			w.free(first, (off+size-1)/cs-first+1)
-		case e.allocated(l.external()) && !l.external():
-			w.free(e.hostOffset()/cs, 1)
+		if first, n := w.referenced(p.old); n > 0 {
+			if err := w.free(first, n, 0); err != nil {
+				return err
+			}
 		}
 	}
+	return nil
+}
+
+// referenced returns the host clusters [first, first+n) of the image file
+// that L2 entry e references: a data cluster, or those a compressed
+// cluster's bytes lie in (n = 0: none, or they are in a data file).
+func (w *writer) referenced(e l2Entry) (first, n int64) {
+	l := w.l
+	cs := l.clusterSize()
+	switch {
+	case e.compressed():
+		off, size := e.compressedRange(l.clusterBits)
+		return off / cs, (off+size-1)/cs - off/cs + 1
+	case e.allocated(l.external()) && !l.external():
+		return e.hostOffset() / cs, 1
+	}
+	return 0, 0
+}
+
+// dataCluster returns the host offset of the data cluster that entry e of
+// guest cluster g names, for writing in place: it must be cluster aligned
+// (qemu: "Data cluster offset ... unaligned"), or the image is corrupt
+// and marked so. (The read path refuses the same entry.)
+func (w *writer) dataCluster(e l2Entry, g int64) (int64, error) {
+	l := w.l
+	h := e.hostOffset()
+	if h&(l.clusterSize()-1) == 0 || l.external() {
+		return h, nil
+	}
+	err := &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: -1,
+		Msg: fmt.Sprintf("data cluster offset %#x unaligned (guest offset: %#x): the image is corrupt; it is marked so and no longer written", h, g<<l.clusterBits)}
+	w.markCorrupt(err)
+	return 0, err
 }
