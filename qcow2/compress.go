@@ -52,6 +52,10 @@ func (l *layer) checkCompressed(e l2Entry, entryOff int64) error {
 	return l.checkNotMetadata(coff, min(csize, l.fsize()-coff), e, entryOff)
 }
 
+// maxZstdWindow is the largest zstd window a frame of a small cluster
+// may declare.
+const maxZstdWindow = 2 << 20
+
 // decompressor decompresses whole clusters of one layer, reusing decoder
 // state and input buffers through pools.
 type decompressor struct {
@@ -80,10 +84,13 @@ func (d *decompressor) decompress(dst, src []byte) error {
 			var err error
 			// A frame may declare any window (up to 3.75 TiB); the
 			// decoder's memory follows it. One cluster is all a frame
-			// may decode to, so a larger window is refused (EIO):
-			// qemu's frames declare their content size, one cluster.
+			// may decode to: qemu's frames declare their content
+			// size as the window, other encoders up to twice it, or
+			// their level's default (2 MiB at most for levels 1-4)
+			// when they were not told the size. A frame that declares
+			// more is refused (EIO).
 			dec, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
-				zstd.WithDecoderMaxWindow(uint64(max(d.clusterSize, zstd.MinWindowSize))))
+				zstd.WithDecoderMaxWindow(uint64(max(2*d.clusterSize, maxZstdWindow))))
 			if err != nil {
 				return err
 			}

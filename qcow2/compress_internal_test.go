@@ -11,8 +11,9 @@ import (
 
 // TestZstdWindowBound: a zstd frame that declares a window far larger than
 // a cluster (512 MiB, as a hostile image may) is refused, and decoding it
-// in parallel allocates about what a cluster costs, not the window; a frame
-// like qemu's (its window is its content, one cluster) decodes.
+// in parallel allocates about what a cluster costs, not the window; frames
+// like qemu's (its window is its content, one cluster) and others'
+// (twice the content) decode.
 func TestZstdWindowBound(t *testing.T) {
 	const cs = 64 << 10
 	data := make([]byte, cs)
@@ -29,12 +30,24 @@ func TestZstdWindowBound(t *testing.T) {
 		return enc.EncodeAll(data, nil)
 	}
 	normal := frame()
-	huge := frame(zstd.WithWindowSize(512<<20), zstd.WithSingleSegment(false))
+	// The encoder declares twice the content as the window; the window
+	// descriptor (byte 5, after the magic and the frame header
+	// descriptor) is set to 2^(10+19) = 512 MiB by hand.
+	wide := frame(zstd.WithWindowSize(512<<20), zstd.WithSingleSegment(false))
+	huge := append([]byte(nil), wide...)
+	huge[5] = 19 << 3
+	var h zstd.Header
+	if err := h.Decode(huge); err != nil || h.WindowSize != 512<<20 {
+		t.Fatalf("the hostile frame's header: %v %+v", err, h)
+	}
 
 	d := newDecompressor(compressionZstd, cs)
 	dst := make([]byte, cs)
-	if err := d.decompress(dst, normal); err != nil || string(dst) != string(data) {
-		t.Fatalf("a frame of one cluster's window: %v", err)
+	for _, f := range [][]byte{normal, wide} {
+		clear(dst)
+		if err := d.decompress(dst, f); err != nil || string(dst) != string(data) {
+			t.Fatalf("a frame of a %d-byte window: %v", declaredWindow(t, f), err)
+		}
 	}
 	var before, after runtime.MemStats
 	runtime.GC()
@@ -59,4 +72,12 @@ func TestZstdWindowBound(t *testing.T) {
 	if got := after.TotalAlloc - before.TotalAlloc; got > 64*cs {
 		t.Errorf("8 readers of hostile frames allocated %d bytes (%d clusters)", got, got/cs)
 	}
+}
+
+func declaredWindow(t *testing.T, f []byte) uint64 {
+	var h zstd.Header
+	if err := h.Decode(f); err != nil {
+		t.Fatal(err)
+	}
+	return h.WindowSize
 }

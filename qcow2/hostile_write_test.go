@@ -253,3 +253,43 @@ func TestHostileWriteMatrix(t *testing.T) {
 	}
 	t.Logf("where qemu 7.2 differs:\n%s", strings.Join(differences, "\n"))
 }
+
+// TestRefusedWriteLeaksNothing: a partial write into a compressed cluster
+// whose stream is garbage fails (its copy-on-write cannot read the rest of
+// the cluster), and after a clean close the fresh cluster it was given is
+// not left allocated: qemu-img check finds no leak, and the cluster still
+// reads as it did (an error).
+func TestRefusedWriteLeaksNothing(t *testing.T) {
+	qemu.Require(t, "qemu-img", "qemu-io")
+	p := filepath.Join(t.TempDir(), "c.qcow2")
+	qemu.Create(t, "qcow2", p, "1M")
+	qemu.IO(t, p, "write -c -P 0x51 0 64k", "write -c -P 0x52 64k 64k")
+	_, e := qemu.L2EntryOffset(t, p, 0)
+	const x = 62 - (16 - 8) // 64 KiB clusters
+	stream := int64(e & (1<<x - 1))
+	qemu.WriteAt(t, p, stream, bytes.Repeat([]byte{0xff}, 64))
+	if leaks := checkLeaks(t, p); leaks != 0 {
+		t.Fatalf("%d leaks before", leaks)
+	}
+	f, err := qcow2.OpenWritableFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := qcow2.NewImage(f, qcow2.Options{Writable: true})
+	if err != nil || !img.Writable() {
+		t.Fatal(err, img.ReadOnlyReason())
+	}
+	if _, err := img.WriteAt(make([]byte, 4096), 4096); err == nil {
+		t.Fatal("a partial write into a broken compressed cluster succeeded")
+	}
+	if _, err := img.WriteAt(bytes.Repeat([]byte{7}, 4096), 256<<10); err != nil {
+		t.Fatalf("a write elsewhere: %v", err)
+	}
+	if err := img.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if leaks := checkLeaks(t, p); leaks != 0 {
+		out, _ := exec.Command("qemu-img", "check", p).CombinedOutput()
+		t.Fatalf("%d leaks after a clean close:\n%s", leaks, out)
+	}
+}

@@ -358,54 +358,94 @@ func TestWriteLocks(t *testing.T) {
 	qemuCheckClean(t, img)
 }
 
-// TestOverlapRefused: an image whose L2 entry points into its own refcount
-// table (made by hand) cannot be written there: the write fails with EIO,
-// the corrupt bit is set as qemu would set it, later writes fail too, and
-// the refcount table is intact.
+// TestOverlapRefused: images whose pointers were aimed at their own tables
+// by hand cannot be written through them: the write fails with EIO, the
+// corrupt bit is set as qemu would set it, later writes fail too, the table
+// is intact byte for byte, and the rest of the disk still reads as before.
+// The cases are issue 31's: an L2 entry (COPIED) naming the refcount table
+// as its data cluster; one without COPIED naming the L1 table's cluster
+// (a write copies the cluster, and used to free and punch the live L1
+// table); an L1 entry naming the L1 table's own cluster, and one naming
+// the refcount table, as an L2 table (an allocation used to write its L2
+// entry there). The whole matrix is qcow2's TestHostileWriteMatrix.
 func TestOverlapRefused(t *testing.T) {
 	requireFUSE(t)
-	src := qemu.TempDir(t)
-	img := filepath.Join(src, "bad.qcow2")
-	qemu.Create(t, "qcow2", img, "8M")
-	qemu.IO(t, img, "write -P 0x41 0 64k")
-	reft := int64(qemu.ReadU(t, img, qemu.HeaderRefcountTableOffset, 8))
-	at, entry := qemu.L2EntryOffset(t, img, 0)
-	// The data cluster of guest cluster 0 becomes the refcount table's
-	// cluster, keeping COPIED (so a write would go there in place).
-	qemu.PatchU(t, img, at, 8, entry&^qemu.OffsetMask|uint64(reft))
-	tableBefore := make([]byte, 65536)
-	rf, _ := os.Open(img)
-	rf.ReadAt(tableBefore, reft)
-	rf.Close()
+	const copied = uint64(1) << 63
+	for _, tc := range []struct {
+		name   string
+		table  uint64 // header field naming the table
+		aim    func(t *testing.T, img string, table int64)
+		offset int64 // the guest offset written
+	}{
+		{"L2 entry into the refcount table", qemu.HeaderRefcountTableOffset, func(t *testing.T, img string, table int64) {
+			at, entry := qemu.L2EntryOffset(t, img, 0)
+			qemu.PatchU(t, img, at, 8, entry&^qemu.OffsetMask|uint64(table))
+		}, 0},
+		{"L2 entry without COPIED into the L1 table", qemu.HeaderL1TableOffset, func(t *testing.T, img string, table int64) {
+			at, _ := qemu.L2EntryOffset(t, img, 0)
+			qemu.PatchU(t, img, at, 8, uint64(table))
+		}, 0},
+		{"L1 entry at the L1 table", qemu.HeaderL1TableOffset, func(t *testing.T, img string, table int64) {
+			qemu.PatchU(t, img, table+8, 8, uint64(table)|copied)
+		}, 512<<20 + 8000<<16}, // an L2 entry far past the L1 table's 128 bytes, in its cluster
+		{"L1 entry at the refcount table", qemu.HeaderRefcountTableOffset, func(t *testing.T, img string, table int64) {
+			l1 := int64(qemu.ReadU(t, img, qemu.HeaderL1TableOffset, 8))
+			qemu.PatchU(t, img, l1+8, 8, uint64(table)|copied)
+		}, 512 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := qemu.TempDir(t)
+			img := filepath.Join(src, "bad.qcow2")
+			qemu.Create(t, "qcow2", img, "1G")
+			qemu.IO(t, img, "write -P 0x41 0 64k", "write -P 0x42 64k 64k", "write -P 0x43 100M 64k")
+			table := int64(qemu.ReadU(t, img, int64(tc.table), 8))
+			tc.aim(t, img, table)
+			readTable := func() []byte {
+				b := make([]byte, 65536)
+				f, err := os.Open(img)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				f.ReadAt(b, table)
+				return b
+			}
+			before := readTable()
 
-	m := mountImages(t, src, "--writable", "--log-level=info")
-	f, err := os.OpenFile(filepath.Join(m.Dir, "bad.raw"), os.O_RDWR|unix.O_DIRECT, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 4096)
-	alignedBuf := buf
-	if _, err := f.WriteAt(alignedBuf, 0); !errors.Is(err, syscall.EIO) {
-		t.Errorf("a write into the refcount table: %v, want EIO", err)
-	}
-	if _, err := f.WriteAt(alignedBuf, 1<<20); !errors.Is(err, syscall.EIO) {
-		t.Errorf("a later write elsewhere: %v, want EIO (the image is corrupt now)", err)
-	}
-	f.Close()
-	m.unmount(t)
-	info := qemu.Info(t, img)
-	if fs, _ := info["format-specific"].(map[string]any); fs == nil || fs["data"].(map[string]any)["corrupt"] != true {
-		t.Errorf("qemu-img info does not say corrupt: %v", info["format-specific"])
-	}
-	after := make([]byte, 65536)
-	rf, _ = os.Open(img)
-	rf.ReadAt(after, reft)
-	rf.Close()
-	if !bytes.Equal(after, tableBefore) {
-		t.Error("the refcount table changed")
-	}
-	if !strings.Contains(m.logText(t), "would overwrite the image's metadata") {
-		t.Errorf("no log line about the overlap:\n%s", m.logText(t))
+			m := mountImages(t, src, "--writable", "--log-level=info")
+			raw := filepath.Join(m.Dir, "bad.raw")
+			f, err := os.OpenFile(raw, os.O_RDWR|unix.O_DIRECT, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			buf := alignedBlock(t, 4096)
+			for i := range buf {
+				buf[i] = 0x5a
+			}
+			if _, err := f.WriteAt(buf, tc.offset); !errors.Is(err, syscall.EIO) {
+				t.Errorf("the write through the bad pointer: %v, want EIO", err)
+			}
+			if _, err := f.WriteAt(buf, 200<<20); !errors.Is(err, syscall.EIO) {
+				t.Errorf("a later write elsewhere: %v, want EIO (the image is corrupt now)", err)
+			}
+			// The rest of the disk reads as before.
+			got := make([]byte, 64<<10)
+			if _, err := f.ReadAt(got[:4096], 100<<20); err != nil || got[0] != 0x43 {
+				t.Errorf("guest data at 100 MiB after the refusal: %v, %#x", err, got[0])
+			}
+			f.Close()
+			m.unmount(t)
+			info := qemu.Info(t, img)
+			if fs, _ := info["format-specific"].(map[string]any); fs == nil || fs["data"].(map[string]any)["corrupt"] != true {
+				t.Errorf("qemu-img info does not say corrupt: %v", info["format-specific"])
+			}
+			if !bytes.Equal(readTable(), before) {
+				t.Error("the table changed")
+			}
+			if !strings.Contains(m.logText(t), "would overwrite the image's metadata") {
+				t.Errorf("no log line about the overlap:\n%s", m.logText(t))
+			}
+		})
 	}
 }
 
