@@ -1,39 +1,64 @@
 package qcow2
 
 import (
-	"errors"
 	"fmt"
-	"syscall"
 )
 
 // The allocator: which host clusters are free, and the refcounts that say
 // so (specification, "Host cluster management").
 //
 // Refcount blocks go through the table cache like L2 tables; a block the
-// writer changes stays pinned there, dirty, until flush.go writes it back.
-// The refcount table lives in the writer (w.reft), its changes written back
-// the same way.
+// writer changes stays pinned there, dirty (dirty.go), until flush.go
+// writes it back. The refcount table lives in the allocator, its changes
+// written back the same way.
 //
 // Clusters are allocated first fit from freeHint; past the last cluster in
 // use (end) the image grows. A refcount block that does not exist yet is
 // placed in the first cluster it describes, which is then necessarily free
 // (nothing in its range has a refcount), so the block describes itself. A
 // refcount table too small for a new block is replaced by a larger one
-// (growReftable). The image file is grown ahead of the allocations in large
-// steps with fallocate, under w.mu, so that the growth is serialised with
-// the writes into the grown range (they happen only after the allocation
-// that grew it returned).
+// (growReftable). The image file is grown ahead of the allocations
+// (hostwrite.go, reserveFile) under w.mu, so that the growth is serialised
+// with the writes into the grown range (they happen only after the
+// allocation that grew it returned).
 
-// growStep is how far ahead of the allocations the image file is grown.
-const growStep = 32 << 20
+// allocator is the writer's allocation state (imago's Allocator), guarded
+// by w.mu.
+type allocator struct {
+	reft     *table // the refcount table; its dirty range is written back
+	reftOff  int64  // where it lies
+	ref      refFormat
+	end      int64 // first cluster index past every cluster in use (refcount > 0)
+	freeHint int64 // no free cluster below this index
+}
+
+// refFormat is how refcount entries are laid out in a refcount block.
+type refFormat struct {
+	perBlock int64  // entries per refcount block
+	width    uint   // bits per entry
+	max      uint64 // the largest refcount an entry holds
+}
+
+func newRefFormat(order uint32, clusterSize int64) refFormat {
+	f := refFormat{width: 1 << order}
+	f.perBlock = clusterSize * 8 / int64(f.width)
+	f.max = 1<<f.width - 1
+	if f.width == 64 {
+		f.max = ^uint64(0)
+	}
+	return f
+}
+
+// hostRange is a range [start, end) of host bytes.
+type hostRange struct{ start, end int64 }
 
 // refcountAt returns the refcount of host cluster c.
 func (w *writer) refcountAt(c int64) (uint64, error) {
-	ti := c / w.perBlock
-	if ti >= int64(len(w.reft.words)) {
+	ti := c / w.alloc.ref.perBlock
+	if ti >= int64(len(w.alloc.reft.words)) {
 		return 0, nil
 	}
-	off := int64(w.reft.words[ti] & reftOffsetMask)
+	off := int64(w.alloc.reft.words[ti] & reftOffsetMask)
 	if off == 0 {
 		return 0, nil
 	}
@@ -41,14 +66,14 @@ func (w *writer) refcountAt(c int64) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return w.getRef(e.table, c%w.perBlock), nil
+	return w.alloc.ref.get(e.table, c%w.alloc.ref.perBlock), nil
 }
 
 // refblock returns the cache entry of the refcount block at off (not
 // pinned: callers that change it pin it through dirty).
 func (w *writer) refblock(off int64) (*cacheEntry, error) {
 	l := w.l
-	if off&(l.clusterSize()-1) != 0 || off > w.fileEnd-l.clusterSize() {
+	if off&(l.clusterSize()-1) != 0 || off > w.growth.fileEnd-l.clusterSize() {
 		return nil, &FormatError{File: l.name, Field: "refcount table entry", Value: uint64(off), Offset: -1,
 			Msg: fmt.Sprintf("refcount block offset %#x is unaligned or past the end of the file", off)}
 	}
@@ -57,11 +82,11 @@ func (w *writer) refblock(off int64) (*cacheEntry, error) {
 	})
 }
 
-// refShift is where entry i sits in its 64-bit word: entries narrower than
-// a byte are packed from the least significant bit of each byte, wider ones
+// shift is where entry i sits in its 64-bit word: entries narrower than a
+// byte are packed from the least significant bit of each byte, wider ones
 // are big-endian.
-func (w *writer) refShift(i int64) (word int64, shift uint) {
-	width := int64(w.refWidth)
+func (f refFormat) shift(i int64) (word int64, shift uint) {
+	width := int64(f.width)
 	bit := i * width
 	word = bit / 64
 	if width >= 8 {
@@ -71,25 +96,27 @@ func (w *writer) refShift(i int64) (word int64, shift uint) {
 	return word, uint(56 - 8*byteInWord + bit%8)
 }
 
-func (w *writer) getRef(t *table, i int64) uint64 {
-	word, shift := w.refShift(i)
-	return (t.word(word) >> shift) & w.maxRef
+// get returns entry i of refcount block t.
+func (f refFormat) get(t *table, i int64) uint64 {
+	word, shift := f.shift(i)
+	return (t.word(word) >> shift) & f.max
 }
 
-func (w *writer) putRef(t *table, i int64, v uint64) {
-	word, shift := w.refShift(i)
+// put sets entry i of refcount block t to v.
+func (f refFormat) put(t *table, i int64, v uint64) {
+	word, shift := f.shift(i)
 	old := t.word(word)
-	t.set(word, old&^(w.maxRef<<shift)|v<<shift)
+	t.set(word, old&^(f.max<<shift)|v<<shift)
 }
 
 // setRefcount sets the refcount of host cluster c to v, creating the
 // refcount block (and growing the refcount table) if needed.
 func (w *writer) setRefcount(c int64, v uint64) error {
-	if v > w.maxRef {
+	if v > w.alloc.ref.max {
 		return &FormatError{File: w.l.name, Field: "refcount", Value: v, Offset: -1,
-			Msg: fmt.Sprintf("refcount of cluster %d would overflow %d-bit refcounts", c, w.refWidth)}
+			Msg: fmt.Sprintf("refcount of cluster %d would overflow %d-bit refcounts", c, w.alloc.ref.width)}
 	}
-	ti := c / w.perBlock
+	ti := c / w.alloc.ref.perBlock
 	off, err := w.ensureRefblock(ti)
 	if err != nil {
 		return err
@@ -101,9 +128,9 @@ func (w *writer) setRefcount(c int64, v uint64) error {
 	if err != nil {
 		return err
 	}
-	w.putRef(t, c%w.perBlock, v)
-	if v > 0 && c >= w.end {
-		w.end = c + 1
+	w.alloc.ref.put(t, c%w.alloc.ref.perBlock, v)
+	if v > 0 && c >= w.alloc.end {
+		w.alloc.end = c + 1
 	}
 	return nil
 }
@@ -111,18 +138,18 @@ func (w *writer) setRefcount(c int64, v uint64) error {
 // ensureRefblock returns the offset of refcount block ti, allocating it in
 // the first cluster of the range it describes if there is none.
 func (w *writer) ensureRefblock(ti int64) (int64, error) {
-	if ti >= int64(len(w.reft.words)) {
+	if ti >= int64(len(w.alloc.reft.words)) {
 		if err := w.growReftable(ti + 1); err != nil {
 			return 0, err
 		}
 	}
-	if off := int64(w.reft.words[ti] & reftOffsetMask); off != 0 {
+	if off := int64(w.alloc.reft.words[ti] & reftOffsetMask); off != 0 {
 		return off, nil
 	}
 	// Nothing in [ti*perBlock, (ti+1)*perBlock) has a refcount, so its
 	// first cluster is free: the block goes there and counts itself.
 	cs := w.l.clusterSize()
-	c := ti * w.perBlock
+	c := ti * w.alloc.ref.perBlock
 	off := c * cs
 	if err := w.reserveFile(off + cs); err != nil {
 		return 0, err
@@ -130,13 +157,13 @@ func (w *writer) ensureRefblock(ti int64) (int64, error) {
 	words := make([]uint64, cs/8)
 	e := w.l.cache.put(cacheKey{owner: w.l.owner, off: off}, words)
 	w.markDirty(e, MetaRefcountBlock)
-	w.putRef(e.table, 0, 1)
+	w.alloc.ref.put(e.table, 0, 1)
 	if err := w.addMeta(off, cs, MetaRefcountBlock); err != nil {
 		return 0, err
 	}
-	w.reft.set(ti, uint64(off))
-	if c >= w.end {
-		w.end = c + 1
+	w.alloc.reft.set(ti, uint64(off))
+	if c >= w.alloc.end {
+		w.alloc.end = c + 1
 	}
 	return off, nil
 }
@@ -146,8 +173,8 @@ func (w *writer) ensureRefblock(ti int64) (int64, error) {
 // allocation order). Clusters are not contiguous where a refcount block
 // sits in between (with 64-bit refcounts and small clusters, every block
 // does so every few dozen clusters).
-func (w *writer) allocate(n int64) ([]span, error) {
-	var runs []span
+func (w *writer) allocate(n int64) ([]hostRange, error) {
+	var runs []hostRange
 	cs := w.l.clusterSize()
 	for n > 0 {
 		c, k, err := w.findFree(n)
@@ -157,8 +184,8 @@ func (w *writer) allocate(n int64) ([]span, error) {
 		// The blocks that count the run must exist first: making one
 		// may take a cluster of the run, so look again.
 		again := false
-		for ti := c / w.perBlock; ti <= (c+k-1)/w.perBlock; ti++ {
-			if ti >= int64(len(w.reft.words)) || w.reft.words[ti]&reftOffsetMask == 0 {
+		for ti := c / w.alloc.ref.perBlock; ti <= (c+k-1)/w.alloc.ref.perBlock; ti++ {
+			if ti >= int64(len(w.alloc.reft.words)) || w.alloc.reft.words[ti]&reftOffsetMask == 0 {
 				if _, err := w.ensureRefblock(ti); err != nil {
 					return nil, err
 				}
@@ -179,12 +206,12 @@ func (w *writer) allocate(n int64) ([]span, error) {
 				return nil, err
 			}
 		}
-		w.freeHint = c + k
+		w.alloc.freeHint = c + k
 		w.st.allocations.Add(k)
 		if m := len(runs); m > 0 && runs[m-1].end == c*cs {
 			runs[m-1].end = (c + k) * cs
 		} else {
-			runs = append(runs, span{c * cs, (c + k) * cs})
+			runs = append(runs, hostRange{c * cs, (c + k) * cs})
 		}
 		n -= k
 	}
@@ -199,7 +226,7 @@ func (w *writer) allocate(n int64) ([]span, error) {
 func (w *writer) allocateTable(n int64) (int64, error) {
 	cs := w.l.clusterSize()
 	for {
-		start := w.end
+		start := w.alloc.end
 		var blocks []int64
 		for nb := int64(0); ; {
 			blocks = w.missingBlocks(start, start+nb+n, blocks[:0])
@@ -208,7 +235,7 @@ func (w *writer) allocateTable(n int64) (int64, error) {
 			}
 			nb = int64(len(blocks))
 		}
-		if len(blocks) > 0 && blocks[len(blocks)-1] >= int64(len(w.reft.words)) {
+		if len(blocks) > 0 && blocks[len(blocks)-1] >= int64(len(w.alloc.reft.words)) {
 			// The refcount table grows first (into the end), then look
 			// again.
 			if err := w.growReftable(blocks[len(blocks)-1] + 1); err != nil {
@@ -232,7 +259,7 @@ func (w *writer) allocateTable(n int64) (int64, error) {
 			e := w.l.cache.put(cacheKey{owner: w.l.owner, off: bc * cs}, make([]uint64, cs/8))
 			e.table.touch(0, len(e.table.words))
 			w.markDirty(e, MetaRefcountBlock)
-			w.reft.set(ti, uint64(bc*cs))
+			w.alloc.reft.set(ti, uint64(bc*cs))
 		}
 		for c := start; c < end; c++ {
 			if err := w.setRefcount(c, 1); err != nil {
@@ -250,8 +277,8 @@ func (w *writer) allocateTable(n int64) (int64, error) {
 // clusters it only seems to count).
 func (w *writer) soundBlocks(start, end int64) error {
 	cs := w.l.clusterSize()
-	for ti := start / w.perBlock; ti <= (end-1)/w.perBlock && ti < int64(len(w.reft.words)); ti++ {
-		if off := int64(w.reft.words[ti] & reftOffsetMask); off != 0 {
+	for ti := start / w.alloc.ref.perBlock; ti <= (end-1)/w.alloc.ref.perBlock && ti < int64(len(w.alloc.reft.words)); ti++ {
+		if off := int64(w.alloc.reft.words[ti] & reftOffsetMask); off != 0 {
 			if err := w.checkClusters("changing refcounts in", off, cs, Kinds(MetaRefcountBlock)); err != nil {
 				return err
 			}
@@ -263,8 +290,8 @@ func (w *writer) soundBlocks(start, end int64) error {
 // missingBlocks appends to out the indices, in increasing order, of the
 // refcount blocks that clusters [start, end) need and that do not exist.
 func (w *writer) missingBlocks(start, end int64, out []int64) []int64 {
-	for ti := start / w.perBlock; ti <= (end-1)/w.perBlock; ti++ {
-		if ti >= int64(len(w.reft.words)) || w.reft.words[ti]&reftOffsetMask == 0 {
+	for ti := start / w.alloc.ref.perBlock; ti <= (end-1)/w.alloc.ref.perBlock; ti++ {
+		if ti >= int64(len(w.alloc.reft.words)) || w.alloc.reft.words[ti]&reftOffsetMask == 0 {
 			out = append(out, ti)
 		}
 	}
@@ -284,8 +311,8 @@ func (w *writer) allocateOne() (int64, error) {
 // free clusters follow it, at most n; past the end of what is in use
 // everything is free.
 func (w *writer) findFree(n int64) (c, k int64, err error) {
-	c = w.freeHint
-	for c < w.end {
+	c = w.alloc.freeHint
+	for c < w.alloc.end {
 		rc, err := w.refcountAt(c)
 		if err != nil {
 			return 0, 0, err
@@ -295,7 +322,7 @@ func (w *writer) findFree(n int64) (c, k int64, err error) {
 			continue
 		}
 		k = 1
-		for k < n && c+k < w.end {
+		for k < n && c+k < w.alloc.end {
 			rc, err := w.refcountAt(c + k)
 			if err != nil {
 				return 0, 0, err
@@ -310,14 +337,14 @@ func (w *writer) findFree(n int64) (c, k int64, err error) {
 		}
 		return c, n, nil // it reaches the end, where all is free
 	}
-	return max(c, w.end), n, nil
+	return max(c, w.alloc.end), n, nil
 }
 
 // findEnd finds the first cluster past every cluster in use, from the
 // refcount blocks, at open.
 func (w *writer) findEnd() error {
-	for ti := int64(len(w.reft.words)) - 1; ti >= 0; ti-- {
-		off := int64(w.reft.words[ti] & reftOffsetMask)
+	for ti := int64(len(w.alloc.reft.words)) - 1; ti >= 0; ti-- {
+		off := int64(w.alloc.reft.words[ti] & reftOffsetMask)
 		if off == 0 {
 			continue
 		}
@@ -325,65 +352,14 @@ func (w *writer) findEnd() error {
 		if err != nil {
 			return err
 		}
-		for i := w.perBlock - 1; i >= 0; i-- {
-			if w.getRef(e.table, i) != 0 {
-				w.end = ti*w.perBlock + i + 1
+		for i := w.alloc.ref.perBlock - 1; i >= 0; i-- {
+			if w.alloc.ref.get(e.table, i) != 0 {
+				w.alloc.end = ti*w.alloc.ref.perBlock + i + 1
 				return nil
 			}
 		}
 	}
 	return nil
-}
-
-// reserveFile makes sure the image file reaches at least size bytes,
-// growing it ahead in large steps. The step ahead is a hint: on a host
-// file system short of space it falls back to half the step, and so on
-// down to exactly size, so that a write fails with ENOSPC only when the
-// host cannot take that write (qemu-io's would fail then too); a file
-// reserved short is given back to its end at the next flush. A failure
-// here has written nothing, so it is not sticky: once space is freed, the
-// next write goes through.
-func (w *writer) reserveFile(size int64) error {
-	if size <= w.fileEnd {
-		return nil
-	}
-	target := (size + growStep - 1) / growStep * growStep
-	for {
-		err := w.f.Allocate(w.fileEnd, target-w.fileEnd)
-		if err == nil {
-			break
-		}
-		if unsupported(err) {
-			// A file system without fallocate: the writes will grow
-			// the file themselves.
-			target = size
-			break
-		}
-		if !errors.Is(err, syscall.ENOSPC) || target == size {
-			return err
-		}
-		w.short = true
-		ahead := (target - size) / 2 &^ (w.l.clusterSize() - 1) // 0: exactly size
-		target = size + ahead
-	}
-	w.fileEnd = target
-	w.l.setFileSize(target)
-	return nil
-}
-
-// giveBack truncates the image file to the end of the clusters in use (or
-// its size at open, if larger), giving back what reserveFile took ahead.
-// Only clusters no refcount (in memory) counts are cut, so it is safe even
-// on an image that stopped taking writes.
-func (w *writer) giveBack() {
-	cs := w.l.clusterSize()
-	if end := max(w.end*cs, w.zeroFrom*cs); end < w.fileEnd {
-		if err := w.f.Truncate(end); err == nil {
-			w.fileEnd = end
-			w.l.setFileSize(end)
-		}
-	}
-	w.short = false
 }
 
 // growReftable replaces the refcount table by one with room for at least
@@ -395,7 +371,7 @@ func (w *writer) giveBack() {
 func (w *writer) growReftable(need int64) error {
 	l := w.l
 	cs := l.clusterSize()
-	if err := w.tableReleasable(w.reftOff, int64(len(w.reft.words))*8, MetaRefcountTable); err != nil {
+	if err := w.tableReleasable(w.alloc.reftOff, int64(len(w.alloc.reft.words))*8, MetaRefcountTable); err != nil {
 		return err
 	}
 	// The new table must not point at blocks that are not durable: write
@@ -403,7 +379,7 @@ func (w *writer) growReftable(need int64) error {
 	if err := w.flushLocked(); err != nil {
 		return err
 	}
-	oldLen := int64(len(w.reft.words))
+	oldLen := int64(len(w.alloc.reft.words))
 	newLen := max(need, oldLen+oldLen/2+1)
 	perCluster := cs / 8
 	newLen = (newLen + perCluster - 1) / perCluster * perCluster
@@ -411,20 +387,20 @@ func (w *writer) growReftable(need int64) error {
 
 	// The area: nb new blocks, then the table, from the end. The new
 	// blocks are the missing ones that count the area, and block need-1.
-	start := w.end
+	start := w.alloc.end
 	var blocks []int64 // table indices of the new blocks
 	for nb := int64(0); ; {
 		areaEnd := start + nb + tableClusters
 		blocks = blocks[:0]
 		seen := map[int64]bool{}
 		for c := start; c < areaEnd; c++ {
-			ti := c / w.perBlock
-			if !seen[ti] && (ti >= oldLen || w.reft.words[ti]&reftOffsetMask == 0) {
+			ti := c / w.alloc.ref.perBlock
+			if !seen[ti] && (ti >= oldLen || w.alloc.reft.words[ti]&reftOffsetMask == 0) {
 				seen[ti] = true
 				blocks = append(blocks, ti)
 			}
 		}
-		if ti := need - 1; !seen[ti] && (ti >= oldLen || w.reft.words[ti]&reftOffsetMask == 0) {
+		if ti := need - 1; !seen[ti] && (ti >= oldLen || w.alloc.reft.words[ti]&reftOffsetMask == 0) {
 			blocks = append(blocks, ti)
 		}
 		if int64(len(blocks)) == nb {
@@ -446,21 +422,21 @@ func (w *writer) growReftable(need int64) error {
 	// there; those blocks are written with the new ones, before the
 	// switch.
 	for c := start; c < areaEnd; c++ {
-		if ti := c / w.perBlock; ti < oldLen && w.reft.words[ti]&reftOffsetMask != 0 {
+		if ti := c / w.alloc.ref.perBlock; ti < oldLen && w.alloc.reft.words[ti]&reftOffsetMask != 0 {
 			if err := w.setRefcount(c, 1); err != nil {
 				return err
 			}
 		}
 	}
 	newTable := make([]uint64, newLen)
-	copy(newTable, w.reft.words)
+	copy(newTable, w.alloc.reft.words)
 	buf := make([]byte, cs)
 	for k, ti := range blocks {
 		bc := start + int64(k) // the block's cluster
 		words := make([]uint64, cs/8)
 		t := &table{words: words}
-		for c := max(start, ti*w.perBlock); c < min(areaEnd, (ti+1)*w.perBlock); c++ {
-			w.putRef(t, c-ti*w.perBlock, 1)
+		for c := max(start, ti*w.alloc.ref.perBlock); c < min(areaEnd, (ti+1)*w.alloc.ref.perBlock); c++ {
+			w.alloc.ref.put(t, c-ti*w.alloc.ref.perBlock, 1)
 		}
 		encodeWords(buf, words)
 		if err := w.addMeta(bc*cs, cs, MetaRefcountBlock); err != nil {
@@ -486,39 +462,16 @@ func (w *writer) growReftable(need int64) error {
 	if err := w.sync(); err != nil {
 		return err
 	}
-	oldOff, oldClusters := w.reftOff, int64(len(w.reft.words))*8/cs
+	oldOff, oldClusters := w.alloc.reftOff, int64(len(w.alloc.reft.words))*8/cs
 	if err := w.updateHeader(func(h []byte) {
 		fieldRefcountTableOffset.put(h, uint64(tableStart*cs))
 		fieldRefcountTableClusters.put(h, uint64(tableClusters))
 	}); err != nil {
 		return err
 	}
-	w.reftOff = tableStart * cs
-	w.reft = &table{words: newTable}
-	w.end = max(w.end, areaEnd)
+	w.alloc.reftOff = tableStart * cs
+	w.alloc.reft = &table{words: newTable}
+	w.alloc.end = max(w.alloc.end, areaEnd)
 	// The header no longer names the old table: its clusters are free.
 	return w.releaseTable(oldOff, oldClusters*cs, MetaRefcountTable)
-}
-
-// writeRefblocks writes back the dirty refcount blocks now (they stay
-// pinned, clean, until the next flush lets them go). Writing refcounts
-// early is always safe: an increment durable before the reference is a
-// leak at worst, and a decrement is only made once the reference's removal
-// is durable. A header switch to a new table needs it: the new table's
-// own refcounts must be durable first.
-func (w *writer) writeRefblocks() error {
-	for _, d := range w.dirtyTables {
-		if d.kind == MetaRefcountBlock {
-			if err := w.writeTable(d.e, MetaRefcountBlock); err != nil {
-				return w.fail(err)
-			}
-		}
-	}
-	return nil
-}
-
-// unsupported reports whether err says the file system cannot do what was
-// asked (fallocate, punch), rather than that it failed doing it.
-func unsupported(err error) bool {
-	return errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.ENOSYS) || errors.Is(err, syscall.EINVAL)
 }

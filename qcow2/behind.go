@@ -38,8 +38,8 @@ type behind struct {
 	waiting atomic.Int32
 	mu      sync.Mutex
 	cond    sync.Cond
-	spans   []span // host ranges in flight
-	bytes   int64  // their total
+	spans   []hostRange // host ranges in flight
+	bytes   int64       // their total
 }
 
 func newBehind() *behind {
@@ -96,7 +96,7 @@ func (b *behind) add(off, end int64) {
 	for b.overlaps(off, end) || (b.bytes > 0 && b.bytes+end-off > behindMax) {
 		b.block()
 	}
-	b.spans = append(b.spans, span{start: off, end: end})
+	b.spans = append(b.spans, hostRange{start: off, end: end})
 	b.bytes += end - off
 	b.n.Add(1)
 	b.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -55,6 +56,16 @@ func (l *layer) checkCompressed(e l2Entry, entryOff int64) error {
 // maxZstdWindow is the largest zstd window a frame of a small cluster
 // may declare.
 const maxZstdWindow = 2 << 20
+
+// compressedReads is a layer's state for reading compressed clusters.
+type compressedReads struct {
+	decomp      *decompressor
+	raOnce      sync.Once
+	ra          atomic.Pointer[readahead.Reader] // host reads of compressed data
+	lastCluster atomic.Int64                     // guest cluster of the last partial read
+	prefetching atomic.Bool                      // a readAhead goroutine is running
+	inflates    atomic.Int64                     // compressed clusters inflated
+}
 
 // decompressor decompresses whole clusters of one layer, reusing decoder
 // state and input buffers through pools.
@@ -132,10 +143,10 @@ func (d *decompressor) decompress(dst, src []byte) error {
 // compressedReader returns the readahead reader for compressed data of
 // this layer, made on first use.
 func (l *layer) compressedReader() *readahead.Reader {
-	l.raOnce.Do(func() {
-		l.ra.Store(readahead.New(l.file, readahead.Options{MaxWindow: 2 << 20, MaxStreams: 4}))
+	l.comp.raOnce.Do(func() {
+		l.comp.ra.Store(readahead.New(l.file, readahead.Options{MaxWindow: 2 << 20, MaxStreams: 4}))
 	})
-	return l.ra.Load()
+	return l.comp.ra.Load()
 }
 
 // inflate decompresses the compressed cluster e (found at entryOff) into
@@ -152,7 +163,7 @@ func (l *layer) inflate(dst []byte, e l2Entry, entryOff int64) error {
 	// writes it; the compressed stream itself must still be complete.
 	csize = min(csize, l.fsize()-coff)
 
-	d := l.decomp
+	d := l.comp.decomp
 	bp := d.inputs.Get().(*[]byte)
 	defer d.inputs.Put(bp)
 	src := (*bp)[:csize]
@@ -164,7 +175,7 @@ func (l *layer) inflate(dst []byte, e l2Entry, entryOff int64) error {
 		}
 		return fmt.Errorf("%s: reading compressed cluster at byte offset %d (%d bytes, got %d): %w", l.name, coff, len(src), n, err)
 	}
-	l.inflates.Add(1)
+	l.comp.inflates.Add(1)
 	if err := d.decompress(dst, src); err != nil {
 		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
 			Msg: fmt.Sprintf("compressed cluster at byte offset %d (%d bytes, %s): %v", coff, csize, l.hdr.CompressionName(), err)}
@@ -202,12 +213,12 @@ const prefetchDepth = 8
 // inflated into the cluster cache by background goroutines, as many as
 // the Cache's inflater slots allow (a busy Cache skips prefetching).
 func (l *layer) readAhead(g int64) {
-	last := l.lastCluster.Swap(g)
-	if g != last+1 || !l.prefetching.CompareAndSwap(false, true) {
+	last := l.comp.lastCluster.Swap(g)
+	if g != last+1 || !l.comp.prefetching.CompareAndSwap(false, true) {
 		return
 	}
 	go func() {
-		defer l.prefetching.Store(false)
+		defer l.comp.prefetching.Store(false)
 		cs := l.clusterSize()
 		for next := g + 1; next <= g+prefetchDepth && next*cs < l.vsize(); next++ {
 			r, err := l.lookup(next*cs, cs)

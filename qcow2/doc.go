@@ -30,6 +30,7 @@
 //   - cache.go: the table cache shared by every image of a mount.
 //   - clustercache.go: the decompressed-cluster cache.
 //   - image.go: Options, Open and NewImage, the Image, ReadAt.
+//   - layer.go: one file of the chain: the layer, its L1 table, host reads.
 //   - backing.go: building the backing chain (formats, depth, loops).
 //   - opener.go: the default opener of local backing and data files, with
 //     name resolution and confinement.
@@ -37,7 +38,8 @@
 //   - holes.go: the lseek hole index (NextData, NextHole, DataBytes),
 //     its bounded, interruptible walks.
 //   - stats.go: counters and allocated bytes.
-//   - compress.go, inflate_*.go: deflate and zstd compressed clusters.
+//   - compress.go, inflate_go.go, inflate_libdeflate.go: deflate and zstd
+//     compressed clusters, and a layer's state for reading them.
 //   - refcount.go: reading refcounts.
 //   - prealloc.go: metadata preallocation detection, by refcount block.
 //   - metadata.go: the metadata map, for overlap checks.
@@ -57,17 +59,25 @@
 //
 // The write path (only the top image of a chain is written):
 //
-//   - writable.go: opening an image for writing, the writer's state, why
-//     an image opens read-only.
-//   - write.go: WriteAt, Discard, WriteZeroes, Resize, in runs of guest
-//     clusters.
+//   - writer.go: opening an image for writing, the writer and its parts,
+//     why an image opens read-only.
+//   - write.go: WriteAt and Resize, in runs of guest clusters, and the
+//     guest ranges they hold.
+//   - zero.go: Discard and WriteZeroes.
 //   - writemap.go: the write side of the cluster mapping: planning what a
 //     guest range needs, owning L2 tables, linking new clusters.
 //   - cow.go: copy-on-write of the parts of a cluster a write leaves.
 //   - alloc.go: the allocator: free clusters, refcounts, refcount blocks
-//     and table growth, the file grown ahead.
-//   - flush.go: dirty metadata, its ordered write-back, freed clusters.
-//   - pins.go: when a freed cluster may be reused (epoch pins).
+//     and the refcount table's growth.
+//   - dirty.go: the dirty set, tables changed and not yet written back.
+//   - flush.go: the ordered write-back.
+//   - freeing.go: freed references and clusters, their quarantine, and the
+//     epoch pins that decide when a freed cluster may be reused.
+//   - hostwrite.go: every host write, sync, punch and growth of the files,
+//     checked against the metadata map; the header's writes.
+//   - sectorlock.go: whole sectors for reads that race in-place writes.
+//   - behind.go, direct.go: large data writes left in flight, with
+//     O_DIRECT.
 //
 // Hostile input: every offset and length read from a file is checked
 // before it is added to anything; every structure is within qemu's limits

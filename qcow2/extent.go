@@ -213,3 +213,16 @@ func (l *layer) probeHost(e *Extent) {
 		e.Status &^= StatusData
 	}
 }
+
+// read fills p (len(p) == e.Length) with the extent's bytes.
+func (e *Extent) read(p []byte) error {
+	switch {
+	case e.Status&StatusCompressed != 0:
+		return e.layer.readCompressed(p, e.Start, e.entry, e.entryOff)
+	case e.Status&StatusData != 0:
+		return e.layer.readHost(p, e.Offset)
+	default:
+		clear(p)
+		return nil
+	}
+}

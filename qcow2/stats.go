@@ -18,8 +18,8 @@ func (img *Image) Stats() Stats {
 		if m := l.host.Load(); m != nil {
 			s.HoleProbes += m.Stats().HostCalls()
 		}
-		s.Inflates += l.inflates.Load()
-		if ra := l.ra.Load(); ra != nil {
+		s.Inflates += l.comp.inflates.Load()
+		if ra := l.comp.ra.Load(); ra != nil {
 			rs := ra.Stats()
 			s.CompressedReads += rs.Calls
 			s.HostReads += rs.Reads

@@ -2,16 +2,28 @@ package qcow2
 
 import (
 	"fmt"
+	"sync"
 )
 
 // Writing guest data, zeroing and discarding, resizing.
 //
 // A write goes through the writer in runs of guest clusters, each inside
 // one L2 table: a run of clusters writable in place is written straight to
-// its host clusters, without any lock (its pin keeps those clusters from
-// being reused meanwhile); a run that needs metadata holds its guest range
-// (busy), is planned and allocated under w.mu, written without it, and
-// linked under it again (writemap.go, cow.go).
+// its host clusters, without the writer's mutex (its pin keeps those
+// clusters from being reused meanwhile); a run that needs metadata holds
+// its guest range (guestHolds), is planned and allocated under w.mu,
+// written without it, and linked under it again (writemap.go, cow.go).
+
+// guestRange is a range [start, end) of guest bytes.
+type guestRange struct{ start, end int64 }
+
+// guestHolds are the guest ranges held by writes that change metadata
+// (allocRun, zeroClusters): overlapping ones wait for each other, as
+// qemu's allocations do. Guarded by w.mu.
+type guestHolds struct {
+	cond   *sync.Cond // waits for a range held by another write
+	ranges []guestRange
+}
 
 // maxRunBytes bounds one run of a write, so that a large write does not
 // hold a long guest range (or allocate) all at once.
@@ -78,7 +90,7 @@ func (w *writer) start() error {
 	// end). (Not further: refcounts past that are a damaged image's.)
 	// Likewise a data file covers the whole disk.
 	cs := w.l.clusterSize()
-	if err := w.reserveFile(min(w.end*cs, (w.l.fsize()+cs-1)&^(cs-1))); err != nil {
+	if err := w.reserveFile(min(w.alloc.end*cs, (w.l.fsize()+cs-1)&^(cs-1))); err != nil {
 		return err
 	}
 	if err := w.growDataFile(); err != nil {
@@ -222,8 +234,8 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 					runs = runs[1:]
 				}
 				c := host / cs
-				pl.host, pl.zeroed = host, c >= w.zeroFrom || w.zeroed[c]
-				delete(w.zeroed, c)
+				pl.host, pl.zeroed = host, c >= w.growth.zeroFrom || w.frees.zeroed[c]
+				delete(w.frees.zeroed, c)
 			}
 		}
 	}
@@ -252,12 +264,12 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 	}
 	if l.external() {
 		for _, pl := range plans {
-			w.dataEnd = max(w.dataEnd, pl.host+min(cs, l.vsize()-pl.g*cs))
+			w.growth.dataEnd = max(w.growth.dataEnd, pl.host+min(cs, l.vsize()-pl.g*cs))
 		}
-		l.dataLen.Store(max(l.dataLen.Load(), w.dataEnd))
+		l.dataLen.Store(max(l.dataLen.Load(), w.growth.dataEnd))
 	}
 	w.img.invalidate(off, written)
-	if w.dirtyBytes > maxDirtyBytes {
+	if w.dirty.bytes > maxDirtyBytes {
 		if err := w.flushLocked(); err != nil {
 			return int(written), err
 		}
@@ -270,30 +282,30 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 func (w *writer) hold(start, end int64) {
 	for {
 		free := true
-		for _, s := range w.busy {
+		for _, s := range w.holds.ranges {
 			if s.start < end && start < s.end {
 				free = false
 				break
 			}
 		}
 		if free {
-			w.busy = append(w.busy, span{start, end})
+			w.holds.ranges = append(w.holds.ranges, guestRange{start, end})
 			return
 		}
-		w.busyCond.Wait()
+		w.holds.cond.Wait()
 	}
 }
 
 // unhold releases a range hold took. The caller holds w.mu.
 func (w *writer) unhold(start, end int64) {
-	for i, s := range w.busy {
+	for i, s := range w.holds.ranges {
 		if s.start == start && s.end == end {
-			w.busy[i] = w.busy[len(w.busy)-1]
-			w.busy = w.busy[:len(w.busy)-1]
+			w.holds.ranges[i] = w.holds.ranges[len(w.holds.ranges)-1]
+			w.holds.ranges = w.holds.ranges[:len(w.holds.ranges)-1]
 			break
 		}
 	}
-	w.busyCond.Broadcast()
+	w.holds.cond.Broadcast()
 }
 
 // invalidate drops what the image built from the content of guest range
@@ -311,178 +323,6 @@ func (img *Image) invalidate(off, n int64) {
 			x.ring.removeIf(func(r *chunkRuns) bool { return r == e }, func(*chunkRuns) {})
 		}
 	}
-}
-
-// zeroes is a source of zero bytes for writes, never written to.
-var zeroes = make([]byte, 1<<20)
-
-// Discard makes guest range [off, off+n) read as zeros and gives its host
-// clusters back: whole clusters become unallocated, or zero clusters where
-// a backing file would otherwise show through (on compat 0.10 images,
-// which have no zero clusters, zeros are written there); their host
-// clusters are freed (and punched) once that is durable. The parts of
-// partial clusters are zeroed.
-func (img *Image) Discard(off, n int64) error { return img.zero(off, n, false) }
-
-// WriteZeroes makes guest range [off, off+n) read as zeros: whole clusters
-// become zero clusters, keeping a host cluster the image owns (as qemu's
-// write-zeroes without unmap does); partial clusters get zeros written.
-func (img *Image) WriteZeroes(off, n int64) error { return img.zero(off, n, true) }
-
-func (img *Image) zero(off, n int64, keep bool) error {
-	w := img.w
-	if w == nil {
-		return img.readOnly()
-	}
-	size := img.Size()
-	if off < 0 || n < 0 || off > size {
-		return fmt.Errorf("%s: zeroing [%d, +%d): %w (%d bytes)", img.top.name, off, n, ErrNoSpace, size)
-	}
-	n = min(n, size-off)
-	if n == 0 {
-		return nil
-	}
-	if err := w.start(); err != nil {
-		return err
-	}
-	l := w.l
-	cs := l.clusterSize()
-	end := off + n
-	// Whole clusters, and the end of the disk counts as a cluster's end.
-	a := (off + cs - 1) / cs * cs
-	b := end / cs * cs
-	if end == size {
-		b = (end + cs - 1) / cs * cs
-	}
-	if a >= b {
-		return w.zeroBytes(off, n)
-	}
-	if err := w.zeroBytes(off, a-off); err != nil {
-		return err
-	}
-	if err := w.zeroBytes(min(b, end), end-min(b, end)); err != nil {
-		return err
-	}
-	l2Span := cs << l.l2Bits
-	for pos := a; pos < b; {
-		step := min(b-pos, l2Span-pos&(l2Span-1))
-		if err := w.zeroClusters(pos, step, keep); err != nil {
-			return err
-		}
-		pos += step
-	}
-	return nil
-}
-
-// zeroBytes writes zeros over [off, off+n), unless it reads as zeros
-// already.
-func (w *writer) zeroBytes(off, n int64) error {
-	for n > 0 && !w.readsZero(off, n) {
-		k := min(n, int64(len(zeroes)))
-		if _, err := w.img.WriteAt(zeroes[:k], off); err != nil {
-			return err
-		}
-		off, n = off+k, n-k
-	}
-	return nil
-}
-
-// zeroClusters zeroes whole clusters [off, off+n) inside one L2 table.
-func (w *writer) zeroClusters(off, n int64, keep bool) error {
-	l := w.l
-	cs := l.clusterSize()
-	hasBacking := l.backing != nil
-	if l.hdr.Version < 3 {
-		// No zero clusters: unallocated reads zeros only without a
-		// backing file; with one, write the zeros.
-		if hasBacking {
-			for pos := off; pos < off+n; pos += int64(len(zeroes)) {
-				k := min(off+n-pos, int64(len(zeroes)))
-				if _, err := w.img.WriteAt(zeroes[:k], pos); err != nil {
-					return err
-				}
-			}
-			return nil
-		}
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.hold(off, off+n)
-	defer w.unhold(off, off+n)
-	if err := w.usable(); err != nil {
-		return err
-	}
-	l1i := off >> (l.clusterBits + l.l2Bits)
-	t := l.l1.Load()
-	if l1i >= t.len() {
-		return fmt.Errorf("%s: zeroing at %d: past the L1 table", l.name, off)
-	}
-	if t.entry(l1i).l2Offset() == 0 && !hasBacking {
-		return nil // unallocated, and nothing shows through: zeros
-	}
-	tab, _, err := w.ownedL2(l1i)
-	if err != nil {
-		return err
-	}
-	external := l.external()
-	allZero := uint64(subclusterAllocMask) << 32
-	for g := off / cs; g < (off+n)/cs; g++ {
-		idx := g & (1<<l.l2Bits - 1)
-		e := tab.entry(idx, l.extendedL2)
-		owned := !e.compressed() && e.allocated(external) && e.copied()
-		var next l2Entry
-		switch {
-		case keep && owned && l.hdr.Version >= 3:
-			// A zero cluster that keeps its host cluster.
-			next.word = e.word&(l2OffsetMask|oflagCopied) | oflagZero
-			if l.extendedL2 {
-				next.word &^= oflagZero
-				next.bitmap = allZero
-			}
-		case hasBacking || l.hdr.Version >= 3 && keep:
-			// A zero cluster, so the backing file does not show.
-			next.word = oflagZero
-			if l.extendedL2 {
-				next.word, next.bitmap = 0, allZero
-			}
-		default:
-			// Unallocated: nothing below, so it reads zeros.
-		}
-		if next == e {
-			continue
-		}
-		// What the entry stops naming is freed once the change is
-		// durable (free refuses, before the change, to free metadata).
-		if !external && next.word&l2OffsetMask == 0 {
-			if first, k := w.referenced(e); k > 0 {
-				if err := w.free(first, k, 0); err != nil {
-					return err
-				}
-			}
-		}
-		tab.setEntry(idx, next, l.extendedL2)
-		if external {
-			// The data file: give the space back now (a raw data file
-			// must read zeros there; the entry says so too), after any
-			// write in flight there.
-			w.behind.wait(g*cs, (g+1)*cs)
-			if err := w.df.Punch(g*cs, cs); err != nil {
-				if !unsupported(err) {
-					return w.fail(err)
-				}
-				for pos := g * cs; pos < (g+1)*cs; pos += int64(len(zeroes)) {
-					if _, err := w.df.WriteAt(zeroes[:min((g+1)*cs-pos, int64(len(zeroes)))], pos); err != nil {
-						return w.fail(err)
-					}
-				}
-			}
-		}
-	}
-	w.img.invalidate(off, n)
-	if w.dirtyBytes > maxDirtyBytes {
-		return w.flushLocked()
-	}
-	return nil
 }
 
 // Resize grows the virtual disk to size bytes (a multiple of 512); the new
@@ -579,48 +419,4 @@ func (img *Image) Resize(size int64) error {
 		return err
 	}
 	return w.reclaim()
-}
-
-// growDataFile makes an external data file as large as the disk, so that
-// every guest offset lies inside it (a raw data file is a raw image of the
-// disk). The caller holds w.mu.
-func (w *writer) growDataFile() error {
-	l := w.l
-	if !l.external() || w.dataEnd >= l.vsize() {
-		return nil
-	}
-	if err := w.df.Truncate(l.vsize()); err != nil {
-		return w.fail(err)
-	}
-	w.dataEnd = l.vsize()
-	l.dataLen.Store(w.dataEnd)
-	return nil
-}
-
-// close writes everything back and leaves a clean image: dirty
-// metadata flushed, freed clusters' refcounts dropped and flushed too, the
-// file's growth ahead given back.
-func (w *writer) close() error {
-	w.behind.drain()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.modified {
-		return nil // never written: nothing to do, nothing to sync
-	}
-	// Whatever happens, the space taken ahead goes back: an image that
-	// failed must not keep a full host file system full.
-	defer w.giveBack()
-	if err := w.usable(); err != nil {
-		return err
-	}
-	for range 3 {
-		if err := w.flushLocked(); err != nil {
-			return err
-		}
-		if len(w.pendingFree) == 0 && len(w.quarantine) == 0 && len(w.dirtyTables) == 0 && !w.l1Dirty {
-			break
-		}
-	}
-	w.giveBack()
-	return w.sync()
 }

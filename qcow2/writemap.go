@@ -29,7 +29,7 @@ type clusterPlan struct {
 	// copy are the parts of the cluster outside [a, b) to fill from the
 	// cluster's current content (copy-on-write), as [start, end) pairs
 	// within the cluster.
-	copy []span
+	copy []clusterPart
 	next l2Entry // the entry to link
 }
 
@@ -137,7 +137,7 @@ func (w *writer) plan(g, idx int64, e l2Entry, a, b int64) (clusterPlan, error) 
 		p.host = g * cs
 		// Past the data file's size at open it reads zeros until
 		// written (grown with truncate, or never reached).
-		p.zeroed = p.host >= w.dataZeroFrom
+		p.zeroed = p.host >= w.growth.dataZeroFrom
 	case owned:
 		h, err := w.dataCluster(e, g)
 		if err != nil {
@@ -161,7 +161,7 @@ func (w *writer) plan(g, idx int64, e l2Entry, a, b int64) (clusterPlan, error) 
 	if !l.extendedL2 {
 		// The whole cluster becomes guest data: the write, and the
 		// rest as it reads now (zeros for a zero cluster).
-		p.copy = appendSpan(appendSpan(nil, 0, a), b, end)
+		p.copy = appendPart(appendPart(nil, 0, a), b, end)
 		p.next = l2Entry{word: uint64(p.host) | oflagCopied}
 		return p, nil
 	}
@@ -184,10 +184,10 @@ func (w *writer) plan(g, idx int64, e l2Entry, a, b int64) (clusterPlan, error) 
 		s, t := i*sc, min((i+1)*sc, end)
 		switch {
 		case touched&bit != 0:
-			p.copy = appendSpan(p.copy, s, max(s, min(a, t)))
-			p.copy = appendSpan(p.copy, min(t, max(b, s)), t)
+			p.copy = appendPart(p.copy, s, max(s, min(a, t)))
+			p.copy = appendPart(p.copy, min(t, max(b, s)), t)
 		case copyAll&bit != 0:
-			p.copy = appendSpan(p.copy, s, t)
+			p.copy = appendPart(p.copy, s, t)
 		}
 	}
 	newAlloc := touched | copyAll
@@ -199,17 +199,20 @@ func (w *writer) plan(g, idx int64, e l2Entry, a, b int64) (clusterPlan, error) 
 	return p, nil
 }
 
-// appendSpan appends [s, t) to spans, merged with the last one when they
-// touch; empty spans are dropped.
-func appendSpan(spans []span, s, t int64) []span {
+// clusterPart is a range [start, end) of bytes within a cluster.
+type clusterPart struct{ start, end int64 }
+
+// appendPart appends [s, t) to parts, merged with the last one when they
+// touch; empty parts are dropped.
+func appendPart(parts []clusterPart, s, t int64) []clusterPart {
 	if s >= t {
-		return spans
+		return parts
 	}
-	if n := len(spans); n > 0 && spans[n-1].end == s {
-		spans[n-1].end = t
-		return spans
+	if n := len(parts); n > 0 && parts[n-1].end == s {
+		parts[n-1].end = t
+		return parts
 	}
-	return append(spans, span{s, t})
+	return append(parts, clusterPart{s, t})
 }
 
 // link installs the entries of plans (made for L2 table tab at index l1i,

@@ -6,68 +6,56 @@ import (
 	"sync/atomic"
 )
 
-// Opening an image for writing, and the writer's state.
+// The writer: an image opened for writing, and its parts.
 //
 // Only the top image of a chain is ever written; backing files stay
 // read-only. An image that cannot be written safely opens read-only, and
 // Image.ReadOnlyReason says why: qcowfs shows it read-only with that line.
 //
-// The writer's rooms, each in a file of its own:
-//   - alloc.go: the allocator (free clusters, refcounts, refcount blocks
-//     and table growth, the file grown ahead).
-//   - writemap.go: the write side of the cluster mapping: planning what a
-//     guest range needs, owning L2 tables, linking new clusters.
-//   - cow.go: copy-on-write of the parts of a cluster a write leaves.
-//   - write.go: WriteAt, Discard, WriteZeroes, Resize.
-//   - flush.go: dirty metadata and its ordered write-back, frees.
-//   - pins.go: when a freed cluster may be reused.
+// The writer is made of parts, each owned by one room (file) of the write
+// path, which alone changes it:
+//   - alloc.go, the allocator: free clusters and their refcounts,
+//     refcount blocks and the refcount table's growth.
+//   - dirty.go, the dirty set: tables changed in memory and not yet
+//     written back.
+//   - freeing.go, the free lists: references whose removal waits for a
+//     flush, clusters in quarantine until no request can see them, and
+//     the pins that decide when.
+//   - hostwrite.go, the door to the host files: every write, sync, punch
+//     and growth of them, checked against the metadata map; the header;
+//     the files' sizes as the writer made them.
+//   - write.go: WriteAt, Discard, WriteZeroes, Resize, in runs of guest
+//     clusters, and the guest ranges they hold.
+//   - writemap.go, cow.go: planning and linking the clusters of a write,
+//     copy-on-write.
+//   - flush.go: the ordered write-back.
+//   - sectorlock.go, behind.go, direct.go: reads and writes in flight.
 
 // writer is the write side of an image opened for writing.
 //
 // mu guards every change to the top layer's metadata (its L1 and L2
-// tables, refcount table and blocks, header) and every field below. Guest
-// data is written without it: a write that needs metadata plans under mu,
-// writes its data with only its guest clusters held (busy), and takes mu
-// again to link the new clusters in.
+// tables, refcount table and blocks, header) and the parts below that say
+// so. Guest data is written without it: a write that needs metadata plans
+// under mu, writes its data with only its guest clusters held (holds), and
+// takes mu again to link the new clusters in.
 type writer struct {
 	img *Image
 	l   *layer
 	f   WritableFile // the image file
 	df  WritableFile // where data clusters live: the external data file, or f
 
-	mu sync.Mutex
-	// busyCond waits for a guest range held by another write.
-	busyCond *sync.Cond
-	busy     []span     // guest ranges being written, by offset
-	behind   *behind    // data writes in flight (behind.go)
-	sectors  *rangeLock // guest ranges read, and written in place (sectorlock.go)
+	mu      sync.Mutex
+	holds   guestHolds // guest ranges of writes that change metadata (write.go)
+	alloc   allocator  // free clusters and refcounts (alloc.go)
+	dirty   dirtySet   // tables changed and not yet written back (dirty.go)
+	frees   freeLists  // references and clusters on their way out (freeing.go)
+	growth  growth     // the files' sizes as the writer made them (hostwrite.go)
+	hdr     headerSector
+	behind  *behind    // data writes in flight (behind.go)
+	sectors *rangeLock // guest ranges read, and written in place (sectorlock.go)
 
-	reft          *table // the refcount table; its dirty range is written back
-	reftOff       int64  // where it lies
-	perBlock      int64  // refcount entries per refcount block
-	refWidth      uint   // bits per refcount entry
-	maxRef        uint64 // the largest refcount an entry holds
-	end           int64  // first cluster index past every cluster in use (refcount > 0)
-	zeroFrom      int64  // clusters at or past this index read zeros on the host
-	freeHint      int64  // no free cluster below this index
-	fileEnd       int64  // the image file's size as the writer made it
-	dataEnd       int64  // the data file's size (external data files)
-	dataZeroFrom  int64  // and its size at open, rounded up to a cluster
-	dirtyTables   map[int64]dirtyEntry
-	dirtyBytes    int64
-	l1Dirty       bool
-	l1Lo, l1Hi    int64 // dirty L1 entries [lo, hi)
-	pendingFree   []freeing
-	quarantine    []quarantined
-	short         bool // the host ran short of space: the growth ahead is given back at flush
 	headerCleaned bool // unknown autoclear bits cleared (once, at the first write)
 	modified      bool // something was written since the image was opened
-
-	hdrMu  sync.Mutex     // guards hdr0 and hdrBuf, serialises header writes (updateHeader)
-	hdr0   []byte         // the header's first sector as written
-	hdrBuf []byte         // where updateHeader assembles the next one
-	buf    []byte         // tableBuf's
-	zeroed map[int64]bool // freed clusters punched: they read zeros
 
 	// failed is sticky: a host write or sync failed, and every later
 	// flush fails. corrupt: an overlap was found, and no more writes are
@@ -83,9 +71,6 @@ type writeCounters struct {
 	writes, inPlace, allocations, hostBytes, cowBytes, zeroSkipped, directBytes,
 	flushes, syncs, tablesFlushed atomic.Int64
 }
-
-// span is a guest byte range [start, end).
-type span struct{ start, end int64 }
 
 // readOnlyReason says why the top layer l cannot be written, or "".
 func readOnlyReason(l *layer) string {
@@ -112,32 +97,28 @@ func readOnlyReason(l *layer) string {
 // opened for writing, df its data file (nil without one).
 func openWriter(img *Image, f, df WritableFile) (*writer, error) {
 	l := img.top
-	w := &writer{img: img, l: l, f: f, df: f, dirtyTables: map[int64]dirtyEntry{}, behind: newBehind(), sectors: newRangeLock()}
-	w.busyCond = sync.NewCond(&w.mu)
+	w := &writer{img: img, l: l, f: f, df: f, behind: newBehind(), sectors: newRangeLock()}
+	w.dirty.tables = map[int64]dirtyEntry{}
+	w.holds.cond = sync.NewCond(&w.mu)
 	if df != nil {
 		w.df = df
-		w.dataEnd = l.dataLen.Load()
-		w.dataZeroFrom = (w.dataEnd + l.clusterSize() - 1) &^ (l.clusterSize() - 1)
+		w.growth.dataEnd = l.dataLen.Load()
+		w.growth.dataZeroFrom = (w.growth.dataEnd + l.clusterSize() - 1) &^ (l.clusterSize() - 1)
 	}
 	rt, err := l.refcountTable()
 	if err != nil {
 		return nil, err
 	}
-	w.reft = &table{words: append([]uint64(nil), rt...)}
-	w.reftOff = int64(l.hdr.RefcountTableOffset)
-	w.hdr0, w.hdrBuf = make([]byte, 512), make([]byte, 512)
-	if err := readFull(f, w.hdr0[:min(512, l.fsize())], 0, "header"); err != nil {
+	w.alloc.reft = &table{words: append([]uint64(nil), rt...)}
+	w.alloc.reftOff = int64(l.hdr.RefcountTableOffset)
+	w.hdr.cur, w.hdr.buf = make([]byte, 512), make([]byte, 512)
+	if err := readFull(f, w.hdr.cur[:min(512, l.fsize())], 0, "header"); err != nil {
 		return nil, err
 	}
-	w.refWidth = 1 << l.hdr.RefcountOrder
-	w.perBlock = l.clusterSize() * 8 / int64(w.refWidth)
-	w.maxRef = 1<<w.refWidth - 1
-	if w.refWidth == 64 {
-		w.maxRef = ^uint64(0)
-	}
+	w.alloc.ref = newRefFormat(l.hdr.RefcountOrder, l.clusterSize())
 	cs := l.clusterSize()
-	w.fileEnd = l.fsize()
-	w.zeroFrom = (l.fsize() + cs - 1) / cs
+	w.growth.fileEnd = l.fsize()
+	w.growth.zeroFrom = (l.fsize() + cs - 1) / cs
 	if err := w.findEnd(); err != nil {
 		return nil, err
 	}
@@ -198,3 +179,31 @@ func (img *Image) Writable() bool { return img.w != nil }
 // ReadOnlyReason says why an image opened with Options.Writable is
 // read-only ("" if it is writable, or was not asked to be).
 func (img *Image) ReadOnlyReason() string { return img.roReason }
+
+// close writes everything back and leaves a clean image: dirty
+// metadata flushed, freed clusters' refcounts dropped and flushed too, the
+// file's growth ahead given back.
+func (w *writer) close() error {
+	w.behind.drain()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.modified {
+		return nil // never written: nothing to do, nothing to sync
+	}
+	// Whatever happens, the space taken ahead goes back: an image that
+	// failed must not keep a full host file system full.
+	defer w.giveBack()
+	if err := w.usable(); err != nil {
+		return err
+	}
+	for range 3 {
+		if err := w.flushLocked(); err != nil {
+			return err
+		}
+		if len(w.frees.pending) == 0 && len(w.frees.quarantine) == 0 && len(w.dirty.tables) == 0 && !w.dirty.l1 {
+			break
+		}
+	}
+	w.giveBack()
+	return w.sync()
+}
