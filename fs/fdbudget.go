@@ -41,19 +41,19 @@ func newFDBudget() *fdBudget {
 	return &fdBudget{nofile: limit, limit: images, perFolder: max(images/2, 8), byFolder: map[string]int{}}
 }
 
-// errFDBudget is why an image was not opened: the budget is spent. It is
+// fdBudgetError is why an image was not opened: the budget is spent. It is
 // EMFILE to the reader.
-type errFDBudget struct {
+type fdBudgetError struct {
 	folder          string
 	used, limit, in int
 }
 
-func (e *errFDBudget) Error() string {
+func (e *fdBudgetError) Error() string {
 	return fmt.Sprintf("file descriptor budget spent: open images hold %d of %d descriptors (%d in folder %q, at most half of them per folder)",
 		e.used, e.limit, e.in, e.folder)
 }
 
-func (e *errFDBudget) Unwrap() error { return syscall.EMFILE }
+func (e *fdBudgetError) Unwrap() error { return syscall.EMFILE }
 
 // take reserves n descriptors for an image at rel, or fails.
 func (b *fdBudget) take(rel string, n int) error {
@@ -61,7 +61,7 @@ func (b *fdBudget) take(rel string, n int) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.used+n > b.limit || b.byFolder[folder]+n > b.perFolder {
-		return &errFDBudget{folder: folder, used: b.used, limit: b.limit, in: b.byFolder[folder]}
+		return &fdBudgetError{folder: folder, used: b.used, limit: b.limit, in: b.byFolder[folder]}
 	}
 	b.used += n
 	b.byFolder[folder] += n

@@ -2,6 +2,7 @@ package qcow2
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"os"
@@ -195,17 +196,17 @@ func exercise(img *Image) {
 	}
 	n := 0
 	for off := int64(0); off < img.Size() && n < 64; n++ {
-		d, err := img.NextData(off)
+		d, err := img.NextDataContext(context.Background(), off)
 		if err != nil {
 			break
 		}
-		h, err := img.NextHole(d)
+		h, err := img.NextHoleContext(context.Background(), d)
 		if err != nil || h <= d {
 			break
 		}
 		off = h
 	}
-	img.Map(func(MapEntry) error {
+	img.MapContext(context.Background(), func(MapEntry) error {
 		n++
 		if n > 128 {
 			return errors.New("enough")

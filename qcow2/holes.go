@@ -309,34 +309,55 @@ func (l *layer) nextMaybeData(off int64, w *walk) (int64, error) {
 	return next, nil
 }
 
-// NextData returns the first offset at or after off that holds data, like
-// lseek(SEEK_DATA); ErrNoData if there is none (or off is at or past the
-// end of the disk).
-func (img *Image) NextData(off int64) (int64, error) {
-	return img.NextDataContext(context.Background(), off)
-}
-
-// NextDataContext is NextData, stopping with ctx's error when ctx is done.
-// A walk that runs out of its work budget (SeekWork) answers where it got
+// NextDataContext returns the first offset at or after off that holds
+// data, like lseek(SEEK_DATA); ErrNoData if there is none (or off is at or
+// past the end of the disk). It stops with ctx's error when ctx is done. A
+// walk that runs out of its work budget (SeekWork) answers where it got
 // to: data there, which is never wrong for a reader.
 func (img *Image) NextDataContext(ctx context.Context, off int64) (int64, error) {
-	size := img.top.vsize()
-	if off < 0 {
-		off = 0
+	d, err := img.seek(ctx, off, false)
+	if err == nil && d >= img.top.vsize() {
+		return 0, ErrNoData
 	}
+	return d, err
+}
+
+// NextHoleContext returns the first offset at or after off that lies in a
+// hole, like lseek(SEEK_HOLE): the end of the disk counts as a hole. off
+// must be inside the disk. It stops with ctx's error when ctx is done. A
+// walk that runs out of its work budget (SeekWork) answers the end of the
+// disk: no hole before it, which is never wrong for a reader.
+func (img *Image) NextHoleContext(ctx context.Context, off int64) (int64, error) {
+	return img.seek(ctx, off, true)
+}
+
+// seek is lseek's walk over the hole index, chunk by chunk: the first
+// offset at or after off that holds data (hole false) or lies in a hole,
+// the size of the disk if there is none. Looking for data, it jumps over
+// the L1 ranges where no layer has a table.
+func (img *Image) seek(ctx context.Context, off int64, hole bool) (int64, error) {
+	size := img.top.vsize()
+	off = max(off, 0)
 	bits := img.index().chunkBits
 	w := newWalk(ctx, SeekWork)
 	for off < size {
-		d, err := img.top.nextMaybeData(off, w)
-		if err == nil && d >= size {
-			break
-		}
 		var runs []dataRun
+		d, err := off, error(nil)
+		if !hole {
+			d, err = img.top.nextMaybeData(off, w)
+			if err == nil && d >= size {
+				break
+			}
+		}
 		if err == nil {
 			off = d
 			runs, err = img.chunk(off>>bits, w)
 		}
 		if errors.Is(err, ErrWalkBudget) {
+			if hole {
+				img.unsure("SEEK_HOLE", off)
+				return size, nil
+			}
 			img.unsure("SEEK_DATA", off)
 			return off, nil
 		}
@@ -345,68 +366,35 @@ func (img *Image) NextDataContext(ctx context.Context, off int64) (int64, error)
 		}
 		c := off >> bits
 		i := sort.Search(len(runs), func(i int) bool { return runs[i].end > off })
-		if i < len(runs) {
+		switch {
+		case !hole && i < len(runs):
 			return max(runs[i].start, off), nil
-		}
-		off = (c + 1) << bits
-	}
-	return 0, ErrNoData
-}
-
-// NextHole returns the first offset at or after off that lies in a hole,
-// like lseek(SEEK_HOLE): the end of the disk counts as a hole. off must be
-// inside the disk.
-func (img *Image) NextHole(off int64) (int64, error) {
-	return img.NextHoleContext(context.Background(), off)
-}
-
-// NextHoleContext is NextHole, stopping with ctx's error when ctx is done.
-// A walk that runs out of its work budget (SeekWork) answers the end of
-// the disk: no hole before it, which is never wrong for a reader.
-func (img *Image) NextHoleContext(ctx context.Context, off int64) (int64, error) {
-	size := img.top.vsize()
-	if off < 0 {
-		off = 0
-	}
-	bits := img.index().chunkBits
-	w := newWalk(ctx, SeekWork)
-	for off < size {
-		c := off >> bits
-		runs, err := img.chunk(c, w)
-		if errors.Is(err, ErrWalkBudget) {
-			img.unsure("SEEK_HOLE", off)
-			return size, nil
-		}
-		if err != nil {
-			return 0, err
-		}
-		i := sort.Search(len(runs), func(i int) bool { return runs[i].end > off })
-		if i == len(runs) || runs[i].start > off {
+		case !hole:
+			off = (c + 1) << bits
+		case i == len(runs) || runs[i].start > off:
 			return off, nil
-		}
-		// off is in a data run; a run ending at the chunk's end may go
-		// on in the next chunk.
-		off = runs[i].end
-		if off < (c+1)<<bits {
-			return min(off, size), nil
+		default:
+			// off is in a data run; a run ending at the chunk's end
+			// may go on in the next chunk.
+			off = runs[i].end
+			if off < (c+1)<<bits {
+				return min(off, size), nil
+			}
 		}
 	}
 	return size, nil
 }
 
 // DataBytes returns how many bytes of the disk hold data (the complement
-// of the holes NextHole reports). It walks the whole index, so it reads
-// every allocated L2 table of the chain once.
-func (img *Image) DataBytes() (int64, error) { return img.DataBytesIn(0, img.top.vsize()) }
-
-// DataBytesIn is DataBytes for the guest range [start, end).
-func (img *Image) DataBytesIn(start, end int64) (int64, error) {
-	return img.DataBytesInContext(context.Background(), start, end)
+// of the holes NextHoleContext reports). It walks the whole index, so it
+// reads every allocated L2 table of the chain once.
+func (img *Image) DataBytes() (int64, error) {
+	return img.DataBytesInContext(context.Background(), 0, img.top.vsize())
 }
 
-// DataBytesInContext is DataBytesIn, stopping with ctx's error when ctx is
-// done, and failing (ErrWalkBudget) when the count needs more work than
-// CountWork.
+// DataBytesInContext is DataBytes for the guest range [start, end),
+// stopping with ctx's error when ctx is done, and failing (ErrWalkBudget)
+// when the count needs more work than CountWork.
 func (img *Image) DataBytesInContext(ctx context.Context, start, end int64) (int64, error) {
 	return img.dataBytes(ctx, start, end, CountWork)
 }

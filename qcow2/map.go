@@ -28,14 +28,10 @@ func (e *MapEntry) mergeable(next *MapEntry) bool {
 	return e.Offset == nil || *e.Offset+e.Length == *next.Offset
 }
 
-// Map calls fn with the image's map, extent by extent, merged the way
-// qemu-img map merges them, from offset 0 to the end of the disk.
-func (img *Image) Map(fn func(MapEntry) error) error {
-	return img.MapContext(context.Background(), fn)
-}
-
-// MapContext is Map, stopping with ctx's error when ctx is done. Its
-// work is what its output is, and no more: in an image without a backing
+// MapContext calls fn with the image's map, extent by extent, merged the
+// way qemu-img map merges them, from offset 0 to the end of the disk,
+// stopping with ctx's error when ctx is done. Its work is what its output
+// is, and no more: in an image without a backing
 // file, an L2 table's entries depend on the table alone, so a table that
 // many L1 entries name is looked up once and its entries repeated (at
 // most maxMapMemo of them kept).

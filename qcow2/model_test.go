@@ -1,6 +1,7 @@
 package qcow2_test
 
 import (
+	"context"
 	"encoding/binary"
 	"flag"
 	"fmt"
@@ -287,7 +288,7 @@ func (r *modelRun) finish() {
 		if err != nil {
 			r.fatalf("open for check: %v", err)
 		}
-		res, err := c.Check(nil)
+		res, err := c.CheckContext(context.Background(), nil)
 		c.Close()
 		if err != nil || res.Corruptions+res.Leaks+res.CheckErrors > 0 {
 			r.fatalf("check: %v %+v %v", err, res, res.Messages)

@@ -1,6 +1,7 @@
 package qcow2_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"path/filepath"
@@ -23,7 +24,7 @@ func TestMapMatchesQemu(t *testing.T) {
 			}
 			defer img.Close()
 			var got []qemu.MapEntry
-			err = img.Map(func(e qcow2.MapEntry) error {
+			err = img.MapContext(context.Background(), func(e qcow2.MapEntry) error {
 				b, _ := json.Marshal(e)
 				var m qemu.MapEntry
 				json.Unmarshal(b, &m)
@@ -56,14 +57,14 @@ func dump(m []qemu.MapEntry) string {
 func dataRuns(t *testing.T, img *qcow2.Image) [][2]int64 {
 	var runs [][2]int64
 	for off := int64(0); off < img.Size(); {
-		d, err := img.NextData(off)
+		d, err := img.NextDataContext(context.Background(), off)
 		if errors.Is(err, qcow2.ErrNoData) {
 			break
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, err := img.NextHole(d)
+		h, err := img.NextHoleContext(context.Background(), d)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,6 +130,8 @@ func TestSeekEdges(t *testing.T) {
 	}
 	defer img.Close()
 	size := img.Size()
+	nextData := func(off int64) (int64, error) { return img.NextDataContext(context.Background(), off) }
+	nextHole := func(off int64) (int64, error) { return img.NextHoleContext(context.Background(), off) }
 	for _, tc := range []struct {
 		name string
 		f    func(int64) (int64, error)
@@ -136,12 +139,12 @@ func TestSeekEdges(t *testing.T) {
 		want int64
 		err  error
 	}{
-		{"data from 0", img.NextData, 0, dataStart, nil},
-		{"hole at 0", img.NextHole, 0, 0, nil},
-		{"data in the last cluster", img.NextData, size - 1, size - 1, nil},
-		{"hole from the last byte", img.NextHole, size - 1, size, nil},
-		{"data at the end", img.NextData, size, 0, qcow2.ErrNoData},
-		{"data past the end", img.NextData, size + 12345, 0, qcow2.ErrNoData},
+		{"data from 0", nextData, 0, dataStart, nil},
+		{"hole at 0", nextHole, 0, 0, nil},
+		{"data in the last cluster", nextData, size - 1, size - 1, nil},
+		{"hole from the last byte", nextHole, size - 1, size, nil},
+		{"data at the end", nextData, size, 0, qcow2.ErrNoData},
+		{"data past the end", nextData, size + 12345, 0, qcow2.ErrNoData},
 	} {
 		got, err := tc.f(tc.off)
 		if !errors.Is(err, tc.err) || (err == nil && got != tc.want) {
@@ -153,10 +156,10 @@ func TestSeekEdges(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ei.Close()
-	if _, err := ei.NextData(0); !errors.Is(err, qcow2.ErrNoData) {
+	if _, err := ei.NextDataContext(context.Background(), 0); !errors.Is(err, qcow2.ErrNoData) {
 		t.Errorf("NextData on an empty disk: %v", err)
 	}
-	if h, err := ei.NextHole(0); h != 0 || err != nil {
+	if h, err := ei.NextHoleContext(context.Background(), 0); h != 0 || err != nil {
 		t.Errorf("NextHole(0) on an empty disk = %d, %v", h, err)
 	}
 }
