@@ -177,6 +177,9 @@ func TestQemuImgDiff(t *testing.T) {
 				runs = append(runs,
 					[]string{"map", o, im.Path},
 					[]string{"map", o, "--start-offset=1000", "--max-length=3000000", im.Path},
+					// Empty ranges: past the end, and of no length.
+					[]string{"map", o, "--start-offset=1T", im.Path},
+					[]string{"map", o, "--start-offset=4096", "--max-length=0", im.Path},
 					[]string{"check", o, im.Path},
 					[]string{"info", "-f", "raw", o, im.Path},
 					[]string{"map", "-f", "raw", o, im.Path},

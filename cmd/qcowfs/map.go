@@ -19,9 +19,9 @@ import (
 
 type mapCmd struct {
 	imageFlags  `embed:""`
-	StartOffset byteSize `placeholder:"OFFSET" help:"Map from this guest offset on, as qemu-img map --start-offset (default: ${default})." default:"0"`
-	MaxLength   byteSize `placeholder:"LENGTH" help:"Map at most this many bytes, as qemu-img map --max-length (default: to the end)."`
-	Compressed  string   `enum:"auto,yes,no" default:"auto" help:"Whether JSON entries carry \"compressed\": auto does what the installed qemu-img does (qemu 8.0 and later print it; 7.2 does not; without qemu-img, yes)."`
+	StartOffset byteSize  `placeholder:"OFFSET" help:"Map from this guest offset on, as qemu-img map --start-offset (default: ${default})." default:"0"`
+	MaxLength   *byteSize `placeholder:"LENGTH" help:"Map at most this many bytes, as qemu-img map --max-length (default: to the end)."`
+	Compressed  string    `enum:"auto,yes,no" default:"auto" help:"Whether JSON entries carry \"compressed\": auto does what the installed qemu-img does (qemu 8.0 and later print it; 7.2 does not; without qemu-img, yes)."`
 }
 
 func (c *mapCmd) Help() string {
@@ -58,10 +58,12 @@ func (c *mapCmd) Run() error {
 	if o.img != nil {
 		size = o.img.Size()
 	}
-	start := min(int64(c.StartOffset), size)
-	end := size
-	if c.MaxLength > 0 {
-		end = min(end, start+int64(c.MaxLength))
+	// The range as qemu-img map computes it (qemu-img.c, img_map):
+	// from --start-offset to the end of the disk or start-offset plus
+	// --max-length, whichever comes first.
+	start, end := int64(c.StartOffset), size
+	if c.MaxLength != nil {
+		end = min(end, start+int64(*c.MaxLength))
 	}
 	withCompressed := c.Compressed == "yes" || c.Compressed == "auto" && qemuMapPrintsCompressed()
 
@@ -121,12 +123,18 @@ func (c *mapCmd) Run() error {
 		e.Length = min(e.Length, end-e.Start)
 		return emit(e)
 	}
-	if o.img != nil {
+	switch {
+	case start >= end:
+		// An empty range: qemu-img map prints the one entry it
+		// starts from, of no length, which the human form leaves
+		// out.
+		emit(qcow2.MapEntry{Start: start})
+	case o.img != nil:
 		// Ctrl-C ends a long map rather than leaving it to run.
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		err = o.img.MapContext(ctx, clip)
-	} else {
+	default:
 		err = rawMap(o, clip)
 	}
 	if errors.Is(err, errStopMap) {
