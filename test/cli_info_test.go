@@ -110,7 +110,9 @@ func cliDiff(a, b string) string {
 // what `qemu-img` prints and exit with its status, and say on stderr what
 // it says (check's findings, map's refusal of compressed clusters); where
 // qemu-img cannot open the image, qcowfs fails too (the reasons are its
-// own).
+// own). Files that start with the qcow2 magic but are shorter than its
+// version field are probed as qemu probes them (raw unless the version,
+// read as zeros past the end, is not zero).
 //
 // What legitimately differs: qemu 8.0 and later describe the image's
 // protocol node ("children", "Child node '/file'"), which qcowfs does
@@ -161,6 +163,24 @@ func TestQemuImgDiff(t *testing.T) {
 	zstd := filepath.Join(dir, "zstd.qcow2")
 	qemu.Create(t, "qcow2", zstd, "3M", "-o", "compression_type=zstd,refcount_bits=1,extended_l2=on,cluster_size=16384", "-b", images[0].Path, "-F", "qcow2")
 	add("zstd", zstd)
+	// The first 4, 7 and 8 bytes of a version 2 image: the first two are
+	// raw to qemu (the version reads as 0), the third a qcow2 image too
+	// short to open.
+	for _, n := range []int{4, 7, 8} {
+		name := fmt.Sprintf("short-%d", n)
+		p := filepath.Join(dir, name+".qcow2")
+		head := make([]byte, n)
+		f, err := os.Open(images[0].Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.ReadAt(head, 0)
+		f.Close()
+		if err := os.WriteFile(p, head, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		add(name, p)
+	}
 	orphan := filepath.Join(dir, "orphan.qcow2")
 	qemu.Img(t, "create", "-q", "-u", "-f", "qcow2", "-b", "gone.qcow2", "-F", "qcow2", orphan, "1M")
 	add("orphan", orphan)
