@@ -6,6 +6,8 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/qcowfs/qcowfs/internal/procinfo"
 )
 
 // Image locking, as qemu's file driver does it (block/file-posix.c), so
@@ -81,8 +83,17 @@ func testLock(f *os.File, off int64) error {
 	if lk.Type == unix.F_UNLCK {
 		return nil
 	}
-	perm := permNames[(off-lockPermBase)%100]
-	return &LockError{File: f.Name(), Perm: perm, Byte: off}
+	return lockError(f, off)
+}
+
+// lockError says that another open file description locks byte off of f,
+// naming its process where /proc tells (an OFD lock's pid reads -1).
+func lockError(f *os.File, off int64) *LockError {
+	e := &LockError{File: f.Name(), Perm: permNames[(off-lockPermBase)%100], Byte: off}
+	if p, ok := procinfo.LockHolder(f, off); ok {
+		e.Holder = p.String()
+	}
+	return e
 }
 
 // setLock takes a shared lock on byte off.
@@ -90,7 +101,7 @@ func setLock(f *os.File, off int64) error {
 	lk := unix.Flock_t{Type: unix.F_RDLCK, Whence: 0, Start: off, Len: 1}
 	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {
-			return &LockError{File: f.Name(), Perm: permNames[(off-lockPermBase)%100], Byte: off}
+			return lockError(f, off)
 		}
 		return fmt.Errorf("%s: locking byte %d: %w", f.Name(), off, err)
 	}

@@ -125,7 +125,7 @@ func describeEncrypted(f *imageFlags) (qcow2.Info, error) {
 	}
 	defer file.Close()
 	if err := qcow2.LockFile(file, f.ForceShare); err != nil {
-		return qcow2.Info{}, err
+		return qcow2.Info{}, withHint(err)
 	}
 	return qcow2.DescribeEncrypted(f.Image)
 }

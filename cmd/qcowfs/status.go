@@ -53,6 +53,7 @@ type mountFacts struct {
 	PID                int
 	Started            time.Time
 	Log                string
+	Hint               func(error) string // the flag that shows a refused image
 }
 
 // status builds the answer: the facts, the refused images, and stats (the
@@ -64,7 +65,7 @@ func (f mountFacts) status(refused refusalLister, stats func() any) mountStatus 
 		for p, err := range m {
 			// The image is named once, as in the log line.
 			reason := strings.TrimPrefix(err.Error(), p+": ")
-			s.Refused = append(s.Refused, refusal{Image: p, Reason: reason, Hint: refusalHint(err)})
+			s.Refused = append(s.Refused, refusal{Image: p, Reason: reason, Hint: f.Hint(err)})
 		}
 		sort.Slice(s.Refused, func(i, j int) bool { return s.Refused[i].Image < s.Refused[j].Image })
 	}
