@@ -48,9 +48,53 @@ func (img *Image) Lock(share bool) error {
 			if err := lockFile(f, share); err != nil {
 				return err
 			}
+			if hf == img.top.file {
+				img.noteLocked(true, lockPermBase+permConsistent)
+				if !share {
+					img.noteLocked(true, lockSharedBase+permWrite)
+				}
+			}
 		}
 	}
 	return nil
+}
+
+// noteLocked records that the image holds (or no longer holds) lock bytes
+// on its file.
+func (img *Image) noteLocked(held bool, bytes ...int64) {
+	var bits uint32
+	for _, b := range bytes {
+		bits |= 1 << (b%100 + 8*(b/100-1))
+	}
+	if held {
+		img.locked.Or(bits)
+	} else {
+		img.locked.And(^bits)
+	}
+}
+
+// Locks are the qemu locks an image holds on its file, by qemu's names of
+// the permissions (block/file-posix.c): those it takes (byte 100+i) and
+// those it does not let others take (byte 200+i).
+type Locks struct {
+	Held      []string `json:"held"`
+	NotShared []string `json:"not-shared"`
+}
+
+// Locks returns the locks the image holds on its file now (those Lock and
+// LockWrite took, and Unlock and UnlockWrite have not dropped).
+func (img *Image) Locks() Locks {
+	bits := img.locked.Load()
+	l := Locks{Held: []string{}, NotShared: []string{}}
+	for i, name := range permNames {
+		if bits&(1<<i) != 0 {
+			l.Held = append(l.Held, name)
+		}
+		if bits&(1<<(8+i)) != 0 {
+			l.NotShared = append(l.NotShared, name)
+		}
+	}
+	return l
 }
 
 func lockFile(f *os.File, share bool) error {
@@ -111,6 +155,7 @@ func setLock(f *os.File, off int64) error {
 // Unlock drops every lock Lock took, as qemu does when its last user of an
 // image lets go. The image stays open.
 func (img *Image) Unlock() {
+	img.noteLocked(false, lockPermBase+permConsistent, lockSharedBase+permWrite)
 	for l := img.top; l != nil; l = l.backing {
 		for _, hf := range []HostFile{l.file, l.dataFile} {
 			if f := fileOf(hf); f != nil {
@@ -149,12 +194,16 @@ func (img *Image) LockWrite() error {
 				return err
 			}
 		}
+		if hf == l.file {
+			img.noteLocked(true, lockPermBase+permWrite, lockPermBase+permResize, lockSharedBase+permResize)
+		}
 	}
 	return nil
 }
 
 // UnlockWrite drops the locks LockWrite added, keeping a reader's.
 func (img *Image) UnlockWrite() {
+	img.noteLocked(false, lockPermBase+permWrite, lockPermBase+permResize, lockSharedBase+permResize)
 	l := img.top
 	for _, hf := range []HostFile{l.file, l.dataFile} {
 		if f := fileOf(hf); f != nil {

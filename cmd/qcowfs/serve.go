@@ -140,7 +140,14 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	for _, line := range refusalLines(refused, c.refusalHint) {
 		say("%s", line)
 	}
-	facts := mountFacts{Source: shownSource(c.Source), Mountpoint: c.Mountpoint, PID: os.Getpid(), Started: started, Log: dest.where, Hint: c.refusalHint}
+	facts := mountFacts{Source: shownSource(c.Source), Mountpoint: c.Mountpoint, PID: os.Getpid(), Started: started, Log: dest.where,
+		Writable: c.Writable, Overlay: c.Overlay, Hint: c.refusalHint}
+	if c.Writable {
+		facts.CacheMode = "writethrough"
+		if cfg.WritebackCache {
+			facts.CacheMode = "writeback"
+		}
+	}
 	stopControl, err := startControl(c.Mountpoint, func() any { return facts.status(refused, stats) }, logger)
 	if err != nil {
 		logger.Warn("no control socket; qcowfs status will not answer", "err", err)

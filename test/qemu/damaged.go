@@ -8,10 +8,10 @@ import (
 // Damaged makes, in dir, images that qemu-img check finds damaged, one
 // kind of damage each (the name says which), from images qemu made and
 // one field patched: refcounts one off, an L2 entry pointing into the L1
-// table, two L2 entries sharing a cluster (with 16-bit refcounts, and
-// with 1-bit ones, which overflow), an L2 table past the end of the file,
-// a compressed cluster with COPIED set, an unallocated extended L2 entry
-// with allocated subclusters.
+// table or (COPIED) into the refcount table, two L2 entries sharing a
+// cluster (with 16-bit refcounts, and with 1-bit ones, which overflow),
+// an L2 table past the end of the file, a compressed cluster with COPIED
+// set, an unallocated extended L2 entry with allocated subclusters.
 func Damaged(t testing.TB, dir string) []Image {
 	t.Helper()
 	const cs = 65536
@@ -43,6 +43,13 @@ func Damaged(t testing.TB, dir string) []Image {
 	at, e = L2EntryOffset(t, p, 2)
 	PatchU(t, p, at, 8, e&^OffsetMask|ReadU(t, p, HeaderL1TableOffset, 8))
 	add("l2-into-l1", p)
+
+	// Guest cluster 0's data is the refcount table's cluster, COPIED
+	// kept: a write there would go in place, over the table.
+	p = mk("l2-into-reftable", nil, std...)
+	at, e = L2EntryOffset(t, p, 0)
+	PatchU(t, p, at, 8, e&^OffsetMask|ReadU(t, p, HeaderRefcountTableOffset, 8))
+	add("l2-into-reftable", p)
 
 	p = mk("shared-cluster", nil, std...)
 	_, e = L2EntryOffset(t, p, 0)
