@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -59,21 +60,73 @@ func LockHolder(f *os.File, off int64) (Process, bool) {
 		return Process{}, false
 	}
 	self, own := os.Getpid(), strconv.Itoa(int(f.Fd()))
-	pid := 0
+	key := lockKey{uint64(st.Dev), st.Ino, off}
+	// The descriptor found last time, if it still holds the lock: an
+	// image a qemu writes is tried again at every listing, and a walk
+	// of every descriptor of the machine each time would make a
+	// listing of many running VMs' images slow.
+	if at, ok := found.get(key); ok && !(at.pid == self && at.fd == own) {
+		var fst unix.Stat_t
+		if unix.Stat(fmt.Sprintf("/proc/%d/fd/%s", at.pid, at.fd), &fst) == nil &&
+			fst.Dev == st.Dev && fst.Ino == st.Ino && holds(fdinfo(at.pid, at.fd), off) {
+			return describe(at.pid), true
+		}
+	}
+	var at fdRef
 	walk(func(p int, fd string, fst *unix.Stat_t) bool {
 		if fst.Dev != st.Dev || fst.Ino != st.Ino || p == self && fd == own {
 			return false
 		}
 		if holds(fdinfo(p, fd), off) {
-			pid = p
+			at = fdRef{p, fd}
 			return true
 		}
 		return false
 	})
-	if pid == 0 {
+	if at.pid == 0 {
 		return Process{}, false
 	}
-	return describe(pid), true
+	found.put(key, at)
+	return describe(at.pid), true
+}
+
+// lockKey is a byte of a file: device, inode, offset.
+type lockKey struct {
+	dev, ino uint64
+	off      int64
+}
+
+// fdRef is a descriptor of a process.
+type fdRef struct {
+	pid int
+	fd  string
+}
+
+// found remembers where LockHolder last found each lock's holder: hints,
+// checked before use, at most maxFound of them.
+var found = &foundHolders{m: map[lockKey]fdRef{}}
+
+const maxFound = 1024
+
+type foundHolders struct {
+	mu sync.Mutex
+	m  map[lockKey]fdRef
+}
+
+func (h *foundHolders) get(k lockKey) (fdRef, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r, ok := h.m[k]
+	return r, ok
+}
+
+func (h *foundHolders) put(k lockKey, r fdRef) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.m) >= maxFound {
+		clear(h.m)
+	}
+	h.m[k] = r
 }
 
 // FUSEServer returns the process that serves the FUSE connection conn

@@ -67,6 +67,15 @@ func TestLockHolder(t *testing.T) {
 	if got, ok := LockHolder(holder, 101); ok {
 		t.Errorf("LockHolder through the holding descriptor itself = %+v", got)
 	}
+	// Where the holder was found is remembered, and checked: once the
+	// lock is gone, nobody holds it.
+	lk.Type = unix.F_UNLCK
+	if err := unix.FcntlFlock(holder.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := LockHolder(asker, 101); ok {
+		t.Errorf("LockHolder(byte 101) after the lock was dropped = %+v", got)
+	}
 }
 
 func TestString(t *testing.T) {
