@@ -48,6 +48,11 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	d.forgetStale(s)
 	x := s.names[name]
 	if x == nil {
+		if s.busy(name) {
+			// An image another process writes: not listed, but
+			// an open (or a stat) of its name says why it fails.
+			return nil, syscall.EBUSY
+		}
 		return nil, syscall.ENOENT
 	}
 	node, stable := d.m.node(x)

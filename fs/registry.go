@@ -356,6 +356,7 @@ func (m *mount) openNow(d diskID) *openImage {
 // (and every overlap: each one stops the image's writes), and maps the
 // error.
 func (m *mount) writeFailed(oi *openImage, off int64, err error) syscall.Errno {
+	m.errs.note(oi.path, "write", off, err)
 	switch {
 	case errors.Is(err, qcow2.ErrOverlap):
 		m.log.Error("write refused: it would overwrite the image's metadata; the image is marked corrupt and takes no more writes (qemu-img check -r all)", "image", oi.imagePath(), "offset", off, "err", err)
@@ -368,6 +369,7 @@ func (m *mount) writeFailed(oi *openImage, off int64, err error) syscall.Errno {
 
 // readFailed logs a failed read once per open image, and maps the error.
 func (m *mount) readFailed(oi *openImage, off int64, err error) syscall.Errno {
+	m.errs.note(oi.path, "read", off, err)
 	if !oi.failed.Swap(true) {
 		m.log.Error("read failed; further read errors of this image are not logged",
 			"image", oi.path, "offset", off, "err", err)

@@ -2,7 +2,6 @@ package fs
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -499,9 +498,7 @@ func (t *remoteTree) isQcow2(rel string) bool {
 		return false
 	}
 	defer f.Close()
-	var b [4]byte
-	n, _ := f.ReadAt(b[:], 0)
-	is = n == 4 && binary.BigEndian.Uint32(b[:]) == qcow2.Magic
+	is, _ = qcow2.ProbeFile(f)
 	t.mu.Lock()
 	if len(t.probed) >= maxIdentities {
 		clear(t.probed)

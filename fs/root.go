@@ -97,6 +97,7 @@ type mount struct {
 	fdWarned atomic.Int64 // when the fd budget was last logged as spent
 
 	usage *usageTable // st_blocks of images, usage.go
+	errs  errorLog    // failed reads and writes, errlog.go
 
 	refMu    sync.Mutex
 	refused  map[string]error   // images not shown, by path (status.go)

@@ -133,6 +133,18 @@ type dirScan struct {
 	names   map[string]*shown // by shown name
 }
 
+// busy reports whether name is a name an image would have (names.go, its
+// preferred or its fallback name) that is not shown because another
+// process holds its lock (a qemu, another qcowfs writing it).
+func (s *dirScan) busy(name string) bool {
+	for _, e := range s.entries {
+		if e.locked && (preferredName(e.src) == name || fallbackName(e.src) == name) {
+			return true
+		}
+	}
+	return false
+}
+
 // scan returns the folder's scan, made again if the folder changed; for a
 // lookup of name only that name's entry is checked for changes, for a
 // listing (name "") every entry.

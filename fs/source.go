@@ -1,7 +1,6 @@
 package fs
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -136,16 +135,16 @@ func (d localFolder) names() ([]string, error) { return d.Readdirnames(-1) }
 
 func (d localFolder) lstat(name string) (syscall.Stat_t, error) { return lstatIn(d.File, name) }
 
-// isQcow2 reports whether the regular file rel starts with the qcow2 magic.
+// isQcow2 reports whether qemu takes the regular file rel for a qcow2
+// image (qcow2.Probe).
 func (s *source) isQcow2(rel string) bool {
 	f, err := s.open(rel)
 	if err != nil {
 		return false
 	}
 	defer f.Close()
-	var b [4]byte
-	n, _ := f.ReadAt(b[:], 0)
-	return n == 4 && binary.BigEndian.Uint32(b[:]) == qcow2.Magic
+	ok, _ := qcow2.ProbeFile(f)
+	return ok
 }
 
 // openImage opens the image file rel, read-write if write.

@@ -117,12 +117,20 @@ func (r *Root) walk() {
 // of an image is one of its own, under the image's path).
 type ImageStatus struct {
 	Image   string `json:"image"`
-	Handles int    `json:"handles"` // open files
+	Overlay string `json:"overlay,omitempty"` // the overlay written (overlay mode), once made
+	Handles int    `json:"handles"`           // open files
+	Writers int    `json:"writers"`           // of them, open for writing
+	// OpenForWriting says the image is open for writing: it holds a
+	// writer's locks.
+	OpenForWriting bool        `json:"open-for-writing"`
+	Locks          qcow2.Locks `json:"locks"` // qemu's locks on the image (or overlay) file
 	// ReadRequests and ReadBytes count the reads the mount answered,
 	// since the image was opened.
 	ReadRequests int64       `json:"read-requests"`
 	ReadBytes    int64       `json:"read-bytes"`
 	Reads        qcow2.Stats `json:"reads"` // what the library did for them
+	// The image's failed requests since the mount.
+	ErrorCounts
 }
 
 // Status is what the mount reports.
@@ -130,6 +138,8 @@ type Status struct {
 	Images      []ImageStatus `json:"open-images"`
 	TableHits   uint64        `json:"table-cache-hits"`
 	TableMisses uint64        `json:"table-cache-misses"`
+	// The failed requests of every image since the mount.
+	ErrorCounts
 	// Remote is the remote client's counters, for a remote source.
 	Remote *remote.ClientStats `json:"remote,omitempty"`
 }
@@ -138,6 +148,8 @@ type Status struct {
 func (r *Root) Stats() any {
 	m := r.m
 	st := Status{Images: []ImageStatus{}}
+	var errs map[string]ErrorCounts
+	st.ErrorCounts, errs = m.errs.snapshot()
 	st.TableHits, st.TableMisses = m.cfg.Image.Cache.Stats()
 	if m.cfg.Remote != nil {
 		rs := m.cfg.Remote.Stats()
@@ -155,13 +167,19 @@ func (r *Root) Stats() any {
 		default:
 			continue // still opening
 		}
-		if oi.image() == nil {
+		img := oi.image()
+		if img == nil {
 			continue
 		}
+		is := ImageStatus{Image: oi.path, Locks: img.Locks(), Reads: img.Stats(),
+			ReadRequests: oi.readRequests.Load(), ReadBytes: oi.readBytes.Load(), ErrorCounts: errs[oi.path]}
+		if img != oi.orig {
+			is.Overlay = oi.overlay
+		}
 		oi.lockMu.Lock()
-		is := ImageStatus{Image: oi.path, Handles: oi.handles, Reads: oi.image().Stats(),
-			ReadRequests: oi.readRequests.Load(), ReadBytes: oi.readBytes.Load()}
+		is.Handles, is.Writers = oi.handles, oi.writers
 		oi.lockMu.Unlock()
+		is.OpenForWriting = is.Writers > 0
 		st.Images = append(st.Images, is)
 	}
 	sort.Slice(st.Images, func(i, j int) bool { return st.Images[i].Image < st.Images[j].Image })

@@ -1,8 +1,6 @@
 package qcow2
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 )
 
@@ -127,8 +125,7 @@ func (c *chain) completeQcow2(l *layer, depth int) error {
 // ("qcow2", "raw", or "" for probing). It owns f.
 func (c *chain) openBacking(parent string, f HostFile, format string, depth int) (*layer, error) {
 	if format == "" {
-		var b [4]byte
-		if err := readFull(f, b[:], 0, "magic"); err == nil && binary.BigEndian.Uint32(b[:]) == Magic {
+		if ok, err := ProbeFile(f); err == nil && ok {
 			format = "qcow2"
 		} else {
 			format = "raw"
@@ -160,19 +157,13 @@ func (c *chain) openBacking(parent string, f HostFile, format string, depth int)
 	}
 }
 
-// IsQcow2 reports whether the file at path starts with the qcow2 magic.
+// IsQcow2 reports whether qemu takes the file at path for a qcow2 image
+// (Probe).
 func IsQcow2(path string) (bool, error) {
 	f, err := OpenFile(path)
 	if err != nil {
 		return false, err
 	}
 	defer f.Close()
-	var b [4]byte
-	if err := readFull(f, b[:], 0, "magic"); err != nil {
-		if errors.Is(err, ErrShortRead) {
-			return false, nil
-		}
-		return false, err
-	}
-	return binary.BigEndian.Uint32(b[:]) == Magic, nil
+	return ProbeFile(f)
 }

@@ -45,6 +45,9 @@ type CheckResult struct {
 	Messages []string `json:"-"`
 }
 
+// overflowAdvice is the line qemu prints after each refcount overflow.
+const overflowAdvice = "Use qemu-img amend to increase the refcount entry width or qemu-img convert to create a clean copy if the image cannot be opened for writing"
+
 const (
 	reftReserved   = 0x1ff
 	checkTableBits = 32 // refcounts counted in uint32s
@@ -78,13 +81,15 @@ func (c *checker) message(m string) {
 	}
 }
 
-// errorfN counts n corruptions of one kind, listing the first.
+// errorfN counts n corruptions of one kind, listing the first. The
+// format is qemu's message, with its "ERROR " or "ERROR: " (qemu
+// 7.2's block/qcow2-refcount.c uses both).
 func (c *checker) errorfN(n int64, format string, args ...any) {
 	if n <= 0 {
 		return
 	}
 	c.res.Corruptions += n
-	m := "ERROR " + fmt.Sprintf(format, args...)
+	m := fmt.Sprintf(format, args...)
 	for ; n > 0 && len(c.res.Messages) < maxCheckMessages; n-- {
 		c.res.Messages = append(c.res.Messages, m)
 	}
@@ -160,16 +165,16 @@ func (c *checker) run() error {
 		return err
 	}
 	if l.external() && len(l.snapshots) > 0 {
-		c.errorf("%d snapshots in image with data file", len(l.snapshots))
+		c.errorf("ERROR %d snapshots in image with data file", len(l.snapshots))
 	}
 	var snapRead int64
 	for _, s := range l.snapshots {
 		if s.L1TableOffset%uint64(cs) != 0 {
-			c.errorf("snapshot %s (%s) l1_offset=%#x: L1 table is not cluster aligned; snapshot table entry corrupted", s.ID, s.Name, s.L1TableOffset)
+			c.errorf("ERROR snapshot %s (%s) l1_offset=%#x: L1 table is not cluster aligned; snapshot table entry corrupted", s.ID, s.Name, s.L1TableOffset)
 			continue
 		}
 		if uint64(s.L1Size)*8 > maxL1Bytes {
-			c.errorf("snapshot %s (%s) l1_size=%#x: L1 table is too large; snapshot table entry corrupted", s.ID, s.Name, s.L1Size)
+			c.errorf("ERROR snapshot %s (%s) l1_size=%#x: L1 table is too large; snapshot table entry corrupted", s.ID, s.Name, s.L1Size)
 			continue
 		}
 		if snapRead += int64(s.L1Size) * 8; snapRead > maxMapTableBytes {
@@ -252,12 +257,12 @@ func (c *checker) incN(off, size, n int64) {
 	}
 	cs := c.l.clusterSize()
 	if off < 0 || off > c.l.fsize() || size-(c.l.fsize()-off) >= cs {
-		c.errorfN(n, "counting reference for region exceeding the end of the file by one cluster or more: offset %#x size %#x", off, size)
+		c.errorfN(n, "ERROR: counting reference for region exceeding the end of the file by one cluster or more: offset %#x size %#x", off, size)
 		return
 	}
 	for k := off >> c.l.clusterBits; k <= (off+size-1)>>c.l.clusterBits; k++ {
 		if over := c.refs.add(k, n, c.maxRef); over > 0 {
-			c.errorfN(over, "overflow cluster offset=%#x", k<<c.l.clusterBits)
+			c.errorfN(over, "ERROR: overflow cluster offset=%#x\n"+overflowAdvice, k<<c.l.clusterBits)
 		}
 	}
 }
@@ -292,11 +297,11 @@ func (c *checker) checkL1(uses *l2Uses, l1 []uint64, off int64, active bool) err
 			continue
 		}
 		if l1Entry(e).reserved() != 0 {
-			c.errorf("found L1 entry with reserved bits set: %x", e)
+			c.errorf("ERROR found L1 entry with reserved bits set: %x", e)
 		}
 		l2 := l1Entry(e).l2Offset()
 		if l2&(cs-1) != 0 {
-			c.errorf("l2_offset=%x: Table is not cluster aligned; L1 entry corrupted", l2)
+			c.errorf("ERROR l2_offset=%x: Table is not cluster aligned; L1 entry corrupted", l2)
 		}
 		u := uses.byOff[l2]
 		if u == nil {
@@ -331,7 +336,6 @@ func (c *checker) checkL2(u *l2Use) error {
 	}
 	words := l.l2EntryWords()
 	var nextContiguous int64
-	mm, mmErr := l.metadata()
 	for i := 0; i+words <= len(t); i += words {
 		e := l2Entry{word: t[i]}
 		if words == 2 {
@@ -339,7 +343,7 @@ func (c *checker) checkL2(u *l2Use) error {
 		}
 		compressed := e.compressed()
 		if !compressed && e.word&l2StdReserved != 0 {
-			c.errorfN(n, "found l2 entry with reserved bits set: %x", e.word)
+			c.errorfN(n, "ERROR found l2 entry with reserved bits set: %x", e.word)
 		}
 		offset := e.word & l2OffsetMask
 		allocated := e.allocated(l.external())
@@ -347,15 +351,15 @@ func (c *checker) checkL2(u *l2Use) error {
 		case compressed:
 			if e.copied() {
 				coff, _ := l.compressedRange(l2Entry{word: e.word &^ oflagCopied})
-				c.errorfN(n, "coffset=%#x: copied flag must never be set for compressed clusters", coff)
+				c.errorfN(n, "ERROR: coffset=%#x: copied flag must never be set for compressed clusters", coff)
 				e.word &^= oflagCopied
 			}
 			if l.external() {
-				c.errorfN(n, "compressed cluster %d with data file, entry=%#x", i/words, e.word)
+				c.errorfN(n, "ERROR compressed cluster %d with data file, entry=%#x", i/words, e.word)
 				continue
 			}
 			if e.bitmap != 0 {
-				c.errorfN(n, "compressed cluster %d with non-zero subcluster allocation bitmap, entry=%#x", i/words, e.word)
+				c.errorfN(n, "ERROR compressed cluster %d with non-zero subcluster allocation bitmap, entry=%#x", i/words, e.word)
 				continue
 			}
 			coff, csize := l.compressedRange(e)
@@ -366,7 +370,7 @@ func (c *checker) checkL2(u *l2Use) error {
 		case allocated && (l.extendedL2 || e.word&oflagZero == 0 || offset != 0):
 			// Normal, or preallocated zero.
 			if (e.bitmap>>32)&e.bitmap != 0 {
-				c.errorfN(n, "offset=%x: Allocated cluster has corrupted subcluster allocation bitmap", offset)
+				c.errorfN(n, "ERROR offset=%x: Allocated cluster has corrupted subcluster allocation bitmap", offset)
 			}
 			if int64(offset)&(cs-1) != 0 {
 				hasData := e.word&oflagZero == 0
@@ -374,9 +378,9 @@ func (c *checker) checkL2(u *l2Use) error {
 					hasData = e.bitmap&subclusterAllocMask != 0
 				}
 				if hasData {
-					c.errorfN(n, "offset=%x: Data cluster is not properly aligned; L2 entry corrupted.", offset)
+					c.errorfN(n, "ERROR offset=%x: Data cluster is not properly aligned; L2 entry corrupted.", offset)
 				} else {
-					c.errorfN(n, "offset=%x: Preallocated cluster is not properly aligned; L2 entry corrupted.", offset)
+					c.errorfN(n, "ERROR offset=%x: Preallocated cluster is not properly aligned; L2 entry corrupted.", offset)
 				}
 			}
 			if act > 0 {
@@ -388,14 +392,9 @@ func (c *checker) checkL2(u *l2Use) error {
 			}
 			if !l.external() {
 				c.incN(int64(offset), cs, n)
-				if mmErr == nil {
-					if r, ok := mm.Overlap(int64(offset), int64(offset)+cs); ok {
-						c.notef("data cluster at %#x (L2 table at %#x, entry %d) overlaps the %s at %#x", offset, u.off, i/words, r.Kinds, r.Start)
-					}
-				}
 			}
 		case !allocated && e.bitmap&subclusterAllocMask != 0:
-			c.errorfN(n, "Unallocated cluster has non-zero subcluster allocation bitmap, entry=%#x", e.word)
+			c.errorfN(n, "ERROR: Unallocated cluster has non-zero subcluster allocation map")
 		}
 	}
 	return nil
@@ -423,21 +422,21 @@ func (c *checker) checkRefblocks() error {
 	for i, e := range table {
 		off := int64(e & reftOffsetMask)
 		if e&reftReserved != 0 {
-			c.errorf("refcount table entry %d has reserved bits set", i)
+			c.errorf("ERROR refcount table entry %d has reserved bits set", i)
 			continue
 		}
 		if off&(cs-1) != 0 {
-			c.errorf("refcount block %d is not cluster aligned; refcount table entry corrupted", i)
+			c.errorf("ERROR refcount block %d is not cluster aligned; refcount table entry corrupted", i)
 			continue
 		}
 		if off>>c.l.clusterBits >= nb {
-			c.errorf("refcount block %d is outside image", i)
+			c.errorf("ERROR refcount block %d is outside image", i)
 			continue
 		}
 		if off != 0 {
 			c.inc(off, cs)
 			if n := c.refs.get(off >> c.l.clusterBits); n != 1 {
-				c.errorf("refcount block %d refcount=%d", i, n)
+				c.errorf("ERROR refcount block %d refcount=%d", i, n)
 			}
 		}
 	}
@@ -563,7 +562,7 @@ func (c *checker) checkCopied(uses *l2Uses, active []uint64) error {
 			continue
 		}
 		if (rc == 1) != l1Entry(e).copied() {
-			c.errorf("OFLAG_COPIED L2 cluster: l1_index=%d l1_entry=%x refcount=%d", i, e, rc)
+			c.errorf("ERROR OFLAG_COPIED L2 cluster: l1_index=%d l1_entry=%x refcount=%d", i, e, rc)
 		}
 	}
 	for _, u := range uses.order {
@@ -599,7 +598,7 @@ func (c *checker) checkCopied(uses *l2Uses, active []uint64) error {
 				}
 			}
 			if (rc == 1) != e.copied() {
-				c.errorfN(u.active, "OFLAG_COPIED data cluster: l2_entry=%x refcount=%d", e.word, rc)
+				c.errorfN(u.active, "ERROR OFLAG_COPIED data cluster: l2_entry=%x refcount=%d", e.word, rc)
 			}
 		}
 	}

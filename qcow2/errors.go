@@ -97,18 +97,27 @@ func (e *RefusedError) Error() string {
 
 func (e *RefusedError) Unwrap() error { return ErrRefused }
 
-// A LockError says which lock of which file another process holds.
+// A LockError says which lock of which file another process holds, and
+// who that is where /proc tells.
 type LockError struct {
 	File string
 	Perm string // the permission: "write", "consistent read", ...
 	Byte int64  // the locked byte
+	// Holder names the process holding it: "qemu-system-x86_64 (pid
+	// 4242)", "another qcowfs (pid 4242, mounted at /mnt/vms)"; "" if
+	// unknown.
+	Holder string
 }
 
 func (e *LockError) Error() string {
-	if e.Byte >= lockSharedBase {
-		return fmt.Sprintf("%s: another process (qemu?) does not share %q access (it locks byte %d): not served while it has the image open; force with --force-share", e.File, e.Perm, e.Byte)
+	who := e.Holder
+	if who == "" {
+		who = "another process (qemu?)"
 	}
-	return fmt.Sprintf("%s: in use by another process (qemu?) holding the %q lock (byte %d): not served while it has the image open for writing; force with --force-share", e.File, e.Perm, e.Byte)
+	if e.Byte >= lockSharedBase {
+		return fmt.Sprintf("%s: %s does not share %q access (it locks byte %d): not served while it has the image open", e.File, who, e.Perm, e.Byte)
+	}
+	return fmt.Sprintf("%s: in use by %s holding the %q lock (byte %d): not served while it has the image open for writing", e.File, who, e.Perm, e.Byte)
 }
 
 func (e *LockError) Unwrap() error { return ErrLocked }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 )
 
 // Options configure Open and NewImage. The zero value is usable.
@@ -81,6 +82,10 @@ type Image struct {
 
 	w        *writer // nil unless open for writing (writable.go)
 	roReason string  // why Options.Writable could not be honoured
+
+	// locked holds the lock bytes the image holds on its file (lock.go):
+	// bit i for byte 100+i, bit 8+i for byte 200+i.
+	locked atomic.Uint32
 
 	indexOnce sync.Once
 	idx       *holeIndex // see holes.go

@@ -4,11 +4,14 @@ package qcow2
 // image, with the same JSON field names, so scripts written for qemu-img
 // read it unchanged.
 type Info struct {
-	VirtualSize           int64          `json:"virtual-size"`
-	Filename              string         `json:"filename"`
-	Format                string         `json:"format"`
-	ClusterSize           int64          `json:"cluster-size"`
-	ActualSize            int64          `json:"actual-size"`
+	VirtualSize int64  `json:"virtual-size"`
+	Filename    string `json:"filename"`
+	Format      string `json:"format"`
+	ClusterSize int64  `json:"cluster-size"`
+	// ActualSize is the space the image file takes on its host; nil for
+	// a remote file, whose size on disk qemu's curl driver cannot tell
+	// either ("disk size: unavailable").
+	ActualSize            *int64         `json:"actual-size,omitempty"`
 	DirtyFlag             bool           `json:"dirty-flag"`
 	BackingFilename       string         `json:"backing-filename,omitempty"`
 	FullBackingFilename   string         `json:"full-backing-filename,omitempty"`
@@ -90,7 +93,9 @@ func headerInfo(h *Header, name string, f HostFile) Info {
 			RefcountBits:    1 << h.RefcountOrder,
 		}},
 	}
-	info.ActualSize = allocatedBytes(f)
+	if fileOf(f) != nil {
+		info.ActualSize = ptr(allocatedBytes(f))
+	}
 	if h.BackingFile != "" {
 		info.BackingFilename = h.BackingFile
 		info.FullBackingFilename = FullBackingName(name, h.BackingFile)

@@ -6,6 +6,8 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/qcowfs/qcowfs/internal/procinfo"
 )
 
 // Image locking, as qemu's file driver does it (block/file-posix.c), so
@@ -46,9 +48,53 @@ func (img *Image) Lock(share bool) error {
 			if err := lockFile(f, share); err != nil {
 				return err
 			}
+			if hf == img.top.file {
+				img.noteLocked(true, lockPermBase+permConsistent)
+				if !share {
+					img.noteLocked(true, lockSharedBase+permWrite)
+				}
+			}
 		}
 	}
 	return nil
+}
+
+// noteLocked records that the image holds (or no longer holds) lock bytes
+// on its file.
+func (img *Image) noteLocked(held bool, bytes ...int64) {
+	var bits uint32
+	for _, b := range bytes {
+		bits |= 1 << (b%100 + 8*(b/100-1))
+	}
+	if held {
+		img.locked.Or(bits)
+	} else {
+		img.locked.And(^bits)
+	}
+}
+
+// Locks are the qemu locks an image holds on its file, by qemu's names of
+// the permissions (block/file-posix.c): those it takes (byte 100+i) and
+// those it does not let others take (byte 200+i).
+type Locks struct {
+	Held      []string `json:"held"`
+	NotShared []string `json:"not-shared"`
+}
+
+// Locks returns the locks the image holds on its file now (those Lock and
+// LockWrite took, and Unlock and UnlockWrite have not dropped).
+func (img *Image) Locks() Locks {
+	bits := img.locked.Load()
+	l := Locks{Held: []string{}, NotShared: []string{}}
+	for i, name := range permNames {
+		if bits&(1<<i) != 0 {
+			l.Held = append(l.Held, name)
+		}
+		if bits&(1<<(8+i)) != 0 {
+			l.NotShared = append(l.NotShared, name)
+		}
+	}
+	return l
 }
 
 func lockFile(f *os.File, share bool) error {
@@ -81,8 +127,17 @@ func testLock(f *os.File, off int64) error {
 	if lk.Type == unix.F_UNLCK {
 		return nil
 	}
-	perm := permNames[(off-lockPermBase)%100]
-	return &LockError{File: f.Name(), Perm: perm, Byte: off}
+	return lockError(f, off)
+}
+
+// lockError says that another open file description locks byte off of f,
+// naming its process where /proc tells (an OFD lock's pid reads -1).
+func lockError(f *os.File, off int64) *LockError {
+	e := &LockError{File: f.Name(), Perm: permNames[(off-lockPermBase)%100], Byte: off}
+	if p, ok := procinfo.LockHolder(f, off); ok {
+		e.Holder = p.String()
+	}
+	return e
 }
 
 // setLock takes a shared lock on byte off.
@@ -90,7 +145,7 @@ func setLock(f *os.File, off int64) error {
 	lk := unix.Flock_t{Type: unix.F_RDLCK, Whence: 0, Start: off, Len: 1}
 	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {
-			return &LockError{File: f.Name(), Perm: permNames[(off-lockPermBase)%100], Byte: off}
+			return lockError(f, off)
 		}
 		return fmt.Errorf("%s: locking byte %d: %w", f.Name(), off, err)
 	}
@@ -100,6 +155,7 @@ func setLock(f *os.File, off int64) error {
 // Unlock drops every lock Lock took, as qemu does when its last user of an
 // image lets go. The image stays open.
 func (img *Image) Unlock() {
+	img.noteLocked(false, lockPermBase+permConsistent, lockSharedBase+permWrite)
 	for l := img.top; l != nil; l = l.backing {
 		for _, hf := range []HostFile{l.file, l.dataFile} {
 			if f := fileOf(hf); f != nil {
@@ -138,12 +194,16 @@ func (img *Image) LockWrite() error {
 				return err
 			}
 		}
+		if hf == l.file {
+			img.noteLocked(true, lockPermBase+permWrite, lockPermBase+permResize, lockSharedBase+permResize)
+		}
 	}
 	return nil
 }
 
 // UnlockWrite drops the locks LockWrite added, keeping a reader's.
 func (img *Image) UnlockWrite() {
+	img.noteLocked(false, lockPermBase+permWrite, lockPermBase+permResize, lockSharedBase+permResize)
 	l := img.top
 	for _, hf := range []HostFile{l.file, l.dataFile} {
 		if f := fileOf(hf); f != nil {

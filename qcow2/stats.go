@@ -5,10 +5,10 @@ import "syscall"
 // Stats counts what an image's reads and block status cost, over every
 // layer of its chain.
 type Stats struct {
-	Inflates        int64 // compressed clusters inflated
-	CompressedReads int64 // reads of compressed data (one per inflate)
-	HostReads       int64 // reads those turned into on the host files
-	HoleProbes      int64 // FIEMAP ioctls and lseeks to find host holes
+	Inflates        int64 `json:"inflates"`         // compressed clusters inflated
+	CompressedReads int64 `json:"compressed-reads"` // reads of compressed data (one per inflate)
+	HostReads       int64 `json:"host-reads"`       // reads those turned into on the host files
+	HoleProbes      int64 `json:"hole-probes"`      // FIEMAP ioctls and lseeks to find host holes
 }
 
 // Stats returns the image's counters.

@@ -5,26 +5,26 @@ import "sync/atomic"
 // Stats counts what an Object, or all objects of a Client, cost and saved.
 // Counters only grow.
 type Stats struct {
-	Requests   int64 // requests sent, retries included (Open's and List's count for the Client only)
-	Bytes      int64 // body bytes received (Open's for the Client only)
-	Retries    int64 // attempts repeated after a transient failure
-	Hits       int64 // chunks read found in the memory cache
-	Misses     int64 // chunks read not in the memory cache
-	DiskHits   int64 // misses read from the disk cache
-	Waits      int64 // misses that waited for a fetch already in flight
-	Prefetched int64 // chunks fetched ahead of a sequential reader
-	Dropped    int64 // prefetches given up (no free connection, or failed)
-	Direct     int64 // chunks read around the cache (every slot was busy)
-	Errors     int64 // ReadAt calls that failed
+	Requests   int64 `json:"requests"`   // requests sent, retries included (Open's and List's count for the Client only)
+	Bytes      int64 `json:"bytes"`      // body bytes received (Open's for the Client only)
+	Retries    int64 `json:"retries"`    // attempts repeated after a transient failure
+	Hits       int64 `json:"hits"`       // chunks read found in the memory cache
+	Misses     int64 `json:"misses"`     // chunks read not in the memory cache
+	DiskHits   int64 `json:"disk-hits"`  // misses read from the disk cache
+	Waits      int64 `json:"waits"`      // misses that waited for a fetch already in flight
+	Prefetched int64 `json:"prefetched"` // chunks fetched ahead of a sequential reader
+	Dropped    int64 `json:"dropped"`    // prefetches given up (no free connection, or failed)
+	Direct     int64 `json:"direct"`     // chunks read around the cache (every slot was busy)
+	Errors     int64 `json:"errors"`     // ReadAt calls that failed
 }
 
 // ClientStats is Stats over all objects of a Client, and its caches.
 type ClientStats struct {
 	Stats
-	Objects      int   // Objects open
-	CacheBuffers int   // chunk buffers allocated (each ChunkSize bytes)
-	CacheChunks  int   // chunks held in memory
-	DiskBytes    int64 // bytes of the disk cache's files
+	Objects      int   `json:"objects"`       // Objects open
+	CacheBuffers int   `json:"cache-buffers"` // chunk buffers allocated (each ChunkSize bytes)
+	CacheChunks  int   `json:"cache-chunks"`  // chunks held in memory
+	DiskBytes    int64 `json:"disk-bytes"`    // bytes of the disk cache's files
 }
 
 // counters are the atomic form of Stats.

@@ -12,6 +12,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -413,20 +414,47 @@ func TestKilledDaemonRecovery(t *testing.T) {
 
 // cliOpenImage is one entry of qcowfs status --output=json's open images.
 type cliOpenImage struct {
-	Image        string
-	Handles      int
+	Image          string `json:"image"`
+	Handles        int    `json:"handles"`
+	Writers        int    `json:"writers"`
+	OpenForWriting bool   `json:"open-for-writing"`
+	Locks          struct {
+		Held      []string `json:"held"`
+		NotShared []string `json:"not-shared"`
+	} `json:"locks"`
 	ReadRequests int64 `json:"read-requests"`
 	ReadBytes    int64 `json:"read-bytes"`
+	cliErrors
+}
+
+// cliErrors are the failed requests qcowfs status counts, of one image or
+// of all.
+type cliErrors struct {
+	ReadErrors  int64 `json:"read-errors"`
+	WriteErrors int64 `json:"write-errors"`
+	LastError   *struct {
+		Time   time.Time `json:"time"`
+		Image  string    `json:"image"`
+		Op     string    `json:"op"`
+		Offset int64     `json:"offset"`
+		Error  string    `json:"error"`
+	} `json:"last-error"`
 }
 
 // cliStatus is what the tests read of qcowfs status --output=json.
 type cliStatus struct {
-	Refused []struct{ Image, Reason, Hint string }
-	Images  struct {
+	Writable  bool   `json:"writable"`
+	Overlay   string `json:"overlay"`
+	CacheMode string `json:"cache-mode"`
+	Refused   []struct{ Image, Reason, Hint string }
+	Images    struct {
 		Open []cliOpenImage `json:"open-images"`
-	}
+		cliErrors
+	} `json:"images"`
 }
 
+// cliStatusJSON runs qcowfs status --output=json; every key of its answer
+// must be in one style, kebab-case (cliKebabKeys).
 func cliStatusJSON(t testing.TB, mnt string) (cliStatus, string) {
 	t.Helper()
 	r := cliRun(t, "status", "--output=json", mnt)
@@ -435,7 +463,36 @@ func cliStatusJSON(t testing.TB, mnt string) (cliStatus, string) {
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
 		t.Fatalf("qcowfs status --output=json: %v\n%s", err, r.stdout)
 	}
+	cliKebabKeys(t, r.stdout)
 	return st, r.stdout
+}
+
+// cliKebabKeys fails t if a key of the JSON object out (at any depth) is
+// not kebab-case: lower case letters and digits, words joined by "-".
+func cliKebabKeys(t testing.TB, out string) {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	kebab := regexp.MustCompile(`^[a-z0-9]+(-[a-z0-9]+)*$`)
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				if !kebab.MatchString(k) {
+					t.Errorf("qcowfs status --output=json: key %s.%s is not kebab-case", path, k)
+				}
+				walk(path+"."+k, x)
+			}
+		case []any:
+			for i, x := range v {
+				walk(fmt.Sprintf("%s[%d]", path, i), x)
+			}
+		}
+	}
+	walk("", v)
 }
 
 // openEntry returns the open image img of st (its current state, not a
@@ -531,6 +588,12 @@ func TestStatusCounters(t *testing.T) {
 	r := cliRun(t, "status", mnt)
 	cliWantOK(t, "qcowfs status", r)
 	line := regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(img) + `: (\d+) handles?, (\d+) reads?, (\d+) bytes?$`).FindStringSubmatch(r.stdout)
+	if !strings.Contains(r.stdout, "mode:        read-only\n") || !strings.Contains(r.stdout, "errors:      0 reads, 0 writes failed since mount\n") {
+		t.Errorf("qcowfs status of a read-only mount without errors does not say so:\n%s", r.stdout)
+	}
+	if st.Writable || st.CacheMode != "" {
+		t.Errorf("qcowfs status --output=json of a read-only mount: writable %v, cache mode %q", st.Writable, st.CacheMode)
+	}
 	if !strings.Contains(r.stdout, "open:        1 image\n") || line == nil {
 		t.Fatalf("qcowfs status does not list %s as the one open image, with handles, reads and bytes:\n%s", img, r.stdout)
 	}
@@ -551,6 +614,140 @@ func TestStatusCounters(t *testing.T) {
 		st, _ := cliStatusJSON(t, mnt)
 		return st.openEntry(img) == nil
 	})
+}
+
+// TestStatusWritable: qcowfs status of a writable mount says so, with its
+// cache mode (and overlay folder); it lists each open image with whether it
+// is open for writing and which of qemu's locks it holds, which qemu-io
+// confirms (it cannot read an image open for writing, nor write one open
+// for reading); and it counts the reads and writes that failed since the
+// mount, per image and in all, with the last failure: a read of data that
+// an L2 entry places in the L1 table, a write that would land on the
+// refcount table (qemu.Damaged). Both formats; one key style in JSON.
+func TestStatusWritable(t *testing.T) {
+	requireFUSE(t)
+	tmpl := qemu.TempDir(t)
+	src := qemu.TempDir(t)
+	for _, im := range qemu.Damaged(t, tmpl) {
+		switch im.Name {
+		case "l2-into-l1":
+			qemu.Run(t, "cp", im.Path, filepath.Join(src, "readbad.qcow2"))
+		case "l2-into-reftable":
+			qemu.Run(t, "cp", im.Path, filepath.Join(src, "writebad.qcow2"))
+		}
+	}
+	good := filepath.Join(src, "good.qcow2")
+	qemu.Create(t, "qcow2", good, "8M")
+	readBad, writeBad := filepath.Join(src, "readbad.qcow2"), filepath.Join(src, "writebad.qcow2")
+	m := mountImages(t, src, "--writable")
+
+	st, out := cliStatusJSON(t, m.Dir)
+	if !st.Writable || st.CacheMode != "writeback" || st.Overlay != "" || st.Images.ReadErrors+st.Images.WriteErrors != 0 || st.Images.LastError != nil {
+		t.Errorf("qcowfs status of a fresh writable mount:\n%s", out)
+	}
+
+	fg, err := os.OpenFile(filepath.Join(m.Dir, "good.raw"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fg.Close()
+	fr, err := os.Open(filepath.Join(m.Dir, "readbad.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fr.Close()
+	const cs = 65536
+	if _, err := fr.ReadAt(make([]byte, 4096), 2*cs); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("reading data placed in the L1 table: %v, want EIO", err)
+	}
+	fw, err := os.OpenFile(filepath.Join(m.Dir, "writebad.raw"), os.O_RDWR|syscall.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fw.Close()
+	buf, err := syscall.Mmap(-1, 0, 4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(buf)
+	if _, err := fw.WriteAt(buf, 0); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("a write onto the refcount table: %v, want EIO", err)
+	}
+
+	// qemu's view of the locks: the image open for writing cannot be
+	// read, the one open for reading cannot be written.
+	if out, err := exec.Command("qemu-io", "-r", "-f", "qcow2", "-c", "read 0 4k", good).CombinedOutput(); err == nil || !strings.Contains(string(out), `Failed to get shared "write" lock`) {
+		t.Errorf("qemu-io reading the image open for writing: %v %s; want qemu's lock error", err, out)
+	}
+	if out, err := exec.Command("qemu-io", "-f", "qcow2", "-c", "write 0 4k", readBad).CombinedOutput(); err == nil || !strings.Contains(string(out), `Failed to get "write" lock`) {
+		t.Errorf("qemu-io writing the image open for reading: %v %s; want qemu's lock error", err, out)
+	}
+
+	st, out = cliStatusJSON(t, m.Dir)
+	g, r, w := st.openEntry(good), st.openEntry(readBad), st.openEntry(writeBad)
+	if g == nil || r == nil || w == nil {
+		t.Fatalf("qcowfs status does not list the three open images:\n%s", out)
+	}
+	writer := []string{"consistent read", "write", "resize"}
+	if !g.OpenForWriting || g.Writers != 1 || !slices.Equal(g.Locks.Held, writer) || !slices.Equal(g.Locks.NotShared, []string{"write", "resize"}) {
+		t.Errorf("the image open for writing: %+v; want open for writing, holding %q, not sharing write and resize", *g, writer)
+	}
+	if r.OpenForWriting || !slices.Equal(r.Locks.Held, []string{"consistent read"}) || !slices.Equal(r.Locks.NotShared, []string{"write"}) {
+		t.Errorf("the image open for reading: %+v; want open for reading, holding consistent read, not sharing write", *r)
+	}
+	if r.ReadErrors < 1 || r.WriteErrors != 0 || r.LastError == nil || r.LastError.Op != "read" || r.LastError.Offset != 2*cs ||
+		!strings.Contains(r.LastError.Error, "overlaps the L1 table") {
+		t.Errorf("the image that failed a read: %+v, last error %+v", r.cliErrors, r.LastError)
+	}
+	if w.WriteErrors < 1 || w.ReadErrors != 0 || w.LastError == nil || w.LastError.Op != "write" || !strings.Contains(w.LastError.Error, "refcount table") {
+		t.Errorf("the image that failed a write: %+v, last error %+v", w.cliErrors, w.LastError)
+	}
+	if g.ReadErrors+g.WriteErrors != 0 {
+		t.Errorf("the good image has errors: %+v", g.cliErrors)
+	}
+	all := st.Images.cliErrors
+	if all.ReadErrors != r.ReadErrors || all.WriteErrors != w.WriteErrors || all.LastError == nil || all.LastError.Image != writeBad {
+		t.Errorf("the mount's errors: %+v, last %+v; want the images' added up, the last one writebad's", all, all.LastError)
+	}
+
+	// The same in words (a failed write may be tried again meanwhile:
+	// the counts are not compared).
+	h := cliRun(t, "status", m.Dir)
+	cliWantOK(t, "qcowfs status", h)
+	if !regexp.MustCompile(`(?m)^errors:      [1-9]\d* reads?, [1-9]\d* writes? failed since mount; last: write of ` + regexp.QuoteMeta(writeBad) + ` `).MatchString(h.stdout) {
+		t.Errorf("qcowfs status does not count the failed reads and writes, naming the last:\n%s", h.stdout)
+	}
+	for _, want := range []string{
+		"mode:        writable, writeback cache\n",
+		"  " + good + ": 1 handle, ",
+		"    open for writing (1 handle); locks: consistent read, write, resize; not sharing write, resize\n",
+		"    open for reading; locks: consistent read; not sharing write\n",
+		fmt.Sprintf("    errors: %s, 0 writes failed since mount; last: read at %d (", plural(r.ReadErrors, "read"), 2*cs),
+		"    errors: 0 reads, 0 writes failed since mount\n",
+	} {
+		if !strings.Contains(h.stdout, want) {
+			t.Errorf("qcowfs status does not say %q:\n%s", want, h.stdout)
+		}
+	}
+
+	// Without the writeback cache, into overlays.
+	ov := filepath.Join(t.TempDir(), "ov")
+	m2 := mountImages(t, src, "--writable", "--no-writeback-cache", "--overlay", ov)
+	st, out = cliStatusJSON(t, m2.Dir)
+	if !st.Writable || st.CacheMode != "writethrough" || st.Overlay != ov {
+		t.Errorf("qcowfs status of a write-through overlay mount:\n%s", out)
+	}
+	if h := cliRun(t, "status", m2.Dir); !strings.Contains(h.stdout, "mode:        writable, writethrough cache, overlays in "+ov+"\n") {
+		t.Errorf("qcowfs status of a write-through overlay mount:\n%s", h.stdout)
+	}
+}
+
+// plural says "1 read", "2 reads", as qcowfs status does.
+func plural(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // TestDaemonLogFallbackNotRoot: a user other than root, without syslog,

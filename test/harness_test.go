@@ -94,8 +94,9 @@ const racyMount = "\x00race"
 
 // A mount is a live qcowfs mount made by a test.
 type mount struct {
-	Dir string // the mount point
-	Log string // the daemon's log file
+	Dir  string // the mount point
+	Log  string // the daemon's log file
+	Said string // what qcowfs mount printed (refused images, warnings)
 }
 
 // mountImages mounts src with `qcowfs mount` (as a daemon, the way users
@@ -123,6 +124,7 @@ func mountImages(t testing.TB, src string, args ...string) *mount {
 	if err != nil {
 		t.Fatalf("qcowfs mount %s: %v\n%s", src, err, out)
 	}
+	m.Said = string(out)
 	t.Cleanup(func() { m.unmount(t) })
 	return m
 }

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +19,13 @@ import (
 // holdOpen starts qemu-io on image (read-write) and keeps it running, so
 // it holds qemu's locks, until the test ends or release is called.
 func holdOpen(t *testing.T, image string) (release func()) {
+	t.Helper()
+	_, release = holdOpenPID(t, image)
+	return release
+}
+
+// holdOpenPID is holdOpen, and the pid of the qemu-io holding the image.
+func holdOpenPID(t *testing.T, image string) (pid int, release func()) {
 	t.Helper()
 	cmd := exec.Command("qemu-io", "-f", "qcow2", image)
 	in, err := cmd.StdinPipe()
@@ -52,7 +61,7 @@ func holdOpen(t *testing.T, image string) (release func()) {
 		cmd.Wait()
 	}
 	t.Cleanup(release)
-	return release
+	return cmd.Process.Pid, release
 }
 
 // TestLockQemuWriting: an image a running qemu has open for writing is not
@@ -301,4 +310,134 @@ func TestLockSnapshotAndPartitionFiles(t *testing.T) {
 			})
 		})
 	}
+}
+
+// cliHolderName is how qcowfs names the qcowfs daemon pid serving mnt as a
+// lock holder: with its mount point where the kernel tells which FUSE
+// connection a /dev/fuse descriptor serves (its fdinfo's
+// "fuse_connection:"; older kernels do not say).
+func cliHolderName(t *testing.T, pid int, mnt string) string {
+	t.Helper()
+	fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", pid))
+	for _, fd := range fds {
+		if target, _ := os.Readlink(fd); target != "/dev/fuse" {
+			continue
+		}
+		info, _ := os.ReadFile(strings.Replace(fd, "/fd/", "/fdinfo/", 1))
+		if strings.Contains(string(info), "fuse_connection:") {
+			return fmt.Sprintf("another qcowfs (pid %d, mounted at %s)", pid, mnt)
+		}
+	}
+	return fmt.Sprintf("another qcowfs (pid %d)", pid)
+}
+
+// TestTwoWritableMounts: two writable mounts of one folder both come up,
+// the second with a warning (on stderr and in its log) naming the first's
+// daemon. While one mount has an image open for writing, an open for
+// writing in the other fails with EBUSY, whether that mount listed the
+// image before (the open collides with the locks) or lists it now (it is
+// not shown, and its name answers EBUSY, with O_CREAT too); its log, its
+// qcowfs status and the not-shown line of a third mount name the holder:
+// the other qcowfs by pid and mount point, or a qemu-io by name and pid.
+// Once the holder lets go, the image opens for writing again.
+func TestTwoWritableMounts(t *testing.T) {
+	requireFUSE(t)
+	src := qemu.TempDir(t)
+	img := filepath.Join(src, "vm.qcow2")
+	qemu.Create(t, "qcow2", img, "8M")
+	a := mountImages(t, src, "--writable")
+	if strings.Contains(a.Said, "warning") {
+		t.Errorf("the first mount warns: %s", a.Said)
+	}
+	b := mountImages(t, src, "--writable")
+	pids := cliDaemons(t, a.Dir)
+	if len(pids) != 1 {
+		t.Fatalf("want one daemon serving %s, have %v", a.Dir, pids)
+	}
+	holder := cliHolderName(t, pids[0], a.Dir)
+	warning := fmt.Sprintf("%s is already mounted writable by %s", src, holder)
+	if !strings.Contains(b.Said, "qcowfs: warning: "+warning) || strings.Count(b.Said, "\n") != 1 {
+		t.Errorf("the second mount said %q; want one line: qcowfs: warning: %s ...", b.Said, warning)
+	}
+	if !strings.Contains(b.logText(t), warning) {
+		t.Errorf("the second mount's log does not warn %q:\n%s", warning, b.logText(t))
+	}
+
+	rawB := filepath.Join(b.Dir, "vm.raw")
+	wantBusy := func(what string, flags int) {
+		t.Helper()
+		f, err := os.OpenFile(rawB, flags, 0o644)
+		if err == nil {
+			f.Close()
+			t.Fatalf("%s: the second mount opened vm.raw for writing", what)
+		}
+		if !errors.Is(err, syscall.EBUSY) {
+			t.Errorf("%s: open for writing in the second mount: %v, want EBUSY", what, err)
+		}
+	}
+	fa, err := os.OpenFile(filepath.Join(a.Dir, "vm.raw"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fa.Close()
+	// Listed by the second mount before: the open meets the locks.
+	wantBusy("listed before", os.O_RDWR)
+	if log := b.logText(t); !strings.Contains(log, `in use by `+holder+` holding the \"write\" lock (byte 101)`) {
+		t.Errorf("the second mount's log does not name %s as the holder:\n%s", holder, log)
+	}
+	// Written by the first: a new version, listed again by the second,
+	// which does not show it.
+	if _, err := fa.WriteAt([]byte("written by the first mount"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := fa.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(t, b.Dir); len(got) != 0 {
+		t.Errorf("the second mount lists %q while the first writes vm.raw", got)
+	}
+	wantBusy("not shown", os.O_RDWR)
+	wantBusy("not shown, O_CREAT", os.O_RDWR|os.O_CREATE)
+	if _, err := os.Stat(rawB); !errors.Is(err, syscall.EBUSY) {
+		t.Errorf("stat in the second mount: %v, want EBUSY", err)
+	}
+	st, out := cliStatusJSON(t, b.Dir)
+	if len(st.Refused) != 1 || st.Refused[0].Image != img || !strings.Contains(st.Refused[0].Reason, "in use by "+holder) || st.Refused[0].Hint != "" {
+		t.Errorf("qcowfs status of the second mount: %+v; want %s refused, in use by %s, no hint (a writable mount cannot share):\n%s", st.Refused, img, holder, out)
+	}
+	// A third mount, read-only, says at once why it does not show it.
+	c := mountImages(t, src)
+	if want := "qcowfs: not shown: " + img + ": in use by " + holder + ` holding the "write" lock (byte 101)`; !strings.Contains(c.Said, want) {
+		t.Errorf("a read-only mount said %q; want %q", c.Said, want)
+	}
+
+	fa.Close()
+	waitFor(t, "the first mount's locks to go with its last close", 5*time.Second, func() bool {
+		f, err := os.OpenFile(rawB, os.O_RDWR, 0)
+		if err == nil {
+			f.Close()
+		}
+		return err == nil
+	})
+
+	// A qemu-io writing the image is named as such.
+	qemu.IO(t, img, "write -P 0x5a 64k 4k")
+	qpid, release := holdOpenPID(t, img)
+	wantBusy("qemu-io holds it", os.O_RDWR)
+	qholder := fmt.Sprintf("qemu-io (pid %d)", qpid)
+	st, out = cliStatusJSON(t, b.Dir)
+	if len(st.Refused) != 1 || !strings.Contains(st.Refused[0].Reason, "in use by "+qholder) {
+		t.Errorf("qcowfs status of the second mount: %+v; want %s refused, in use by %s:\n%s", st.Refused, img, qholder, out)
+	}
+	if log := b.logText(t); !strings.Contains(log, "in use by "+qholder) {
+		t.Errorf("the second mount's log does not name %s:\n%s", qholder, log)
+	}
+	release()
+	waitFor(t, "qemu-io's locks to go", 5*time.Second, func() bool {
+		f, err := os.OpenFile(rawB, os.O_RDWR, 0)
+		if err == nil {
+			f.Close()
+		}
+		return err == nil
+	})
 }

@@ -70,10 +70,10 @@ func tryMountRemote(t testing.TB, src string, env []string, args ...string) (*mo
 // remoteStats is the part of `qcowfs status --output=json` the tests read:
 // the remote client's counters.
 type remoteStats struct {
-	Requests int64
-	Bytes    int64
-	Retries  int64
-	Errors   int64
+	Requests int64 `json:"requests"`
+	Bytes    int64 `json:"bytes"`
+	Retries  int64 `json:"retries"`
+	Errors   int64 `json:"errors"`
 }
 
 func (m *mount) remoteStats(t testing.TB) remoteStats {
@@ -90,6 +90,7 @@ func (m *mount) remoteStats(t testing.TB) remoteStats {
 	if err := json.Unmarshal([]byte(out), &s); err != nil {
 		t.Fatalf("qcowfs status: %v\n%s", err, out)
 	}
+	cliKebabKeys(t, out)
 	if s.Images.Remote == nil {
 		t.Fatalf("qcowfs status has no remote counters:\n%s", out)
 	}

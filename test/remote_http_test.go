@@ -190,6 +190,31 @@ func TestRemoteHTTPS(t *testing.T) {
 	}
 }
 
+// TestRemoteInfoMatchesQemu: qcowfs info, map and check of http:// URLs (a
+// chain in one folder of an nginx) print what qemu-img prints through its
+// curl driver, in both formats: "disk size: unavailable" and no
+// actual-size, as qemu cannot tell a remote file's size on disk either.
+func TestRemoteInfoMatchesQemu(t *testing.T) {
+	qemu.Require(t, "qemu-img", "qemu-io")
+	root := qemu.TempDir(t)
+	base := filepath.Join(root, "base.qcow2")
+	qemu.Create(t, "qcow2", base, "64M")
+	qemu.IO(t, base, "write -P 0x11 0 1M", "write -P 0x22 10M 3M")
+	top := filepath.Join(root, "top.qcow2")
+	qemu.Create(t, "qcow2", top, "64M", "-b", "base.qcow2", "-F", "qcow2")
+	qemu.IO(t, top, "write -P 0x33 512k 1M", "write -z 11M 64k")
+	ng := servers.StartNginx(t, root, false)
+	for _, url := range []string{ng.URL + "/top.qcow2", ng.URL + "/base.qcow2"} {
+		for _, out := range []string{"human", "json"} {
+			for _, cmd := range [][]string{{"info"}, {"info", "--backing-chain"}, {"map"}, {"check"}} {
+				args := append(append([]string{}, cmd...), "--output="+out, url)
+				q, us := cliBoth(t, root, args...)
+				cliSameAsQemu(t, strings.Join(args, " "), q, us)
+			}
+		}
+	}
+}
+
 // TestRemoteNoLocalFiles: an image on a server naming a local file (an
 // absolute path that exists here, a file: name) is refused, even with
 // --allow-backing-outside naming the local folder; --writable is refused

@@ -48,12 +48,18 @@ func TestTreeMirrorsSource(t *testing.T) {
 	os.WriteFile(filepath.Join(src, "notes.txt"), []byte("hello\n"), 0o640)
 	// Named like an image but not one: shown unchanged.
 	os.WriteFile(filepath.Join(src, "fake.qcow2"), []byte("not qcow2"), 0o644)
+	// The qcow2 magic alone: a raw file to qemu (whose probe reads the
+	// missing version as 0), and so not an image.
+	os.WriteFile(filepath.Join(src, "magic.qcow2"), []byte("QFI\xfb"), 0o644)
+	if out := qemu.Info(t, filepath.Join(src, "magic.qcow2")); out["format"] != "raw" {
+		t.Fatalf("qemu-img info of the magic alone says format %v, the test expects raw", out["format"])
+	}
 
 	m := mountImages(t, src)
 
 	// vm.img and vm.qcow2 both want vm.raw: vm.img comes first in byte
 	// order and gets it; vm.qcow2 falls back to vm.qcow2.raw.
-	want := []string{"a.raw", "disk.raw", "fake.qcow2", "notes.txt", "sub", "vm.qcow2.raw", "vm.raw"}
+	want := []string{"a.raw", "disk.raw", "fake.qcow2", "magic.qcow2", "notes.txt", "sub", "vm.qcow2.raw", "vm.raw"}
 	if got := names(t, m.Dir); !slices.Equal(got, want) {
 		t.Fatalf("mount lists %q, want %q", got, want)
 	}

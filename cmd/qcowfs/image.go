@@ -113,7 +113,7 @@ func (f *imageFlags) open(opts qcow2.Options) (*openedImage, error) {
 		o.size = st.Size()
 		if err := qcow2.LockFile(o.raw, f.ForceShare); err != nil {
 			o.Close()
-			return nil, err
+			return nil, withHint(err)
 		}
 		return o, nil
 	}
@@ -135,7 +135,7 @@ func (f *imageFlags) open(opts qcow2.Options) (*openedImage, error) {
 	}
 	if err := o.img.Lock(f.ForceShare); err != nil {
 		o.Close()
-		return nil, err
+		return nil, withHint(err)
 	}
 	return o, nil
 }

@@ -125,7 +125,7 @@ func describeEncrypted(f *imageFlags) (qcow2.Info, error) {
 	}
 	defer file.Close()
 	if err := qcow2.LockFile(file, f.ForceShare); err != nil {
-		return qcow2.Info{}, err
+		return qcow2.Info{}, withHint(err)
 	}
 	return qcow2.DescribeEncrypted(f.Image)
 }
@@ -143,7 +143,11 @@ func printInfo(w io.Writer, v any) error {
 	fmt.Fprintf(w, "image: %s\n", info.Filename)
 	fmt.Fprintf(w, "file format: %s\n", info.Format)
 	fmt.Fprintf(w, "virtual size: %s (%d bytes)\n", sizeString(info.VirtualSize), info.VirtualSize)
-	fmt.Fprintf(w, "disk size: %s\n", sizeString(info.ActualSize))
+	if info.ActualSize != nil {
+		fmt.Fprintf(w, "disk size: %s\n", sizeString(*info.ActualSize))
+	} else {
+		fmt.Fprintln(w, "disk size: unavailable")
+	}
 	if info.Encrypted {
 		fmt.Fprintln(w, "encrypted: yes")
 	}

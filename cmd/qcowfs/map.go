@@ -19,9 +19,9 @@ import (
 
 type mapCmd struct {
 	imageFlags  `embed:""`
-	StartOffset byteSize `placeholder:"OFFSET" help:"Map from this guest offset on, as qemu-img map --start-offset (default: ${default})." default:"0"`
-	MaxLength   byteSize `placeholder:"LENGTH" help:"Map at most this many bytes, as qemu-img map --max-length (default: to the end)."`
-	Compressed  string   `enum:"auto,yes,no" default:"auto" help:"Whether JSON entries carry \"compressed\": auto does what the installed qemu-img does (qemu 8.0 and later print it; 7.2 does not; without qemu-img, yes)."`
+	StartOffset byteSize  `placeholder:"OFFSET" help:"Map from this guest offset on, as qemu-img map --start-offset (default: ${default})." default:"0"`
+	MaxLength   *byteSize `placeholder:"LENGTH" help:"Map at most this many bytes, as qemu-img map --max-length (default: to the end)."`
+	Compressed  string    `enum:"auto,yes,no" default:"auto" help:"Whether JSON entries carry \"compressed\": auto does what the installed qemu-img does (qemu 8.0 and later print it; 7.2 does not; without qemu-img, yes)."`
 }
 
 func (c *mapCmd) Help() string {
@@ -33,6 +33,14 @@ func (c *mapCmd) Help() string {
 Like qemu-img map, the human output lists only the data that is stored
 (and refuses images with compressed clusters, which have no offset to
 show); the JSON output lists every range.`
+}
+
+// noOffsetError is qemu-img map's refusal to print, in its human form,
+// data that lies at no offset of a file (compressed clusters).
+type noOffsetError struct{}
+
+func (noOffsetError) Error() string {
+	return "File contains external, encrypted or compressed clusters."
 }
 
 // Run prints the image's map exactly as qemu-img map does, so tools
@@ -50,10 +58,12 @@ func (c *mapCmd) Run() error {
 	if o.img != nil {
 		size = o.img.Size()
 	}
-	start := min(int64(c.StartOffset), size)
-	end := size
-	if c.MaxLength > 0 {
-		end = min(end, start+int64(c.MaxLength))
+	// The range as qemu-img map computes it (qemu-img.c, img_map):
+	// from --start-offset to the end of the disk or start-offset plus
+	// --max-length, whichever comes first.
+	start, end := int64(c.StartOffset), size
+	if c.MaxLength != nil {
+		end = min(end, start+int64(*c.MaxLength))
 	}
 	withCompressed := c.Compressed == "yes" || c.Compressed == "auto" && qemuMapPrintsCompressed()
 
@@ -84,7 +94,9 @@ func (c *mapCmd) Run() error {
 			first = false
 		}
 		if e.Data && e.Offset == nil {
-			return fmt.Errorf("%s: the image contains compressed clusters, which have no offset to show; use --output=json", c.Image)
+			// qemu-img's words (qemu-img.c, dump_map_entry): a
+			// compressed cluster has no offset to show.
+			return noOffsetError{}
 		}
 		if e.Data && !e.Zero {
 			fmt.Fprintf(w, "%-16s%-16s%-16s%s\n", cHex(e.Start), cHex(e.Length), cHex(*e.Offset), e.File)
@@ -111,12 +123,18 @@ func (c *mapCmd) Run() error {
 		e.Length = min(e.Length, end-e.Start)
 		return emit(e)
 	}
-	if o.img != nil {
+	switch {
+	case start >= end:
+		// An empty range: qemu-img map prints the one entry it
+		// starts from, of no length, which the human form leaves
+		// out.
+		emit(qcow2.MapEntry{Start: start})
+	case o.img != nil:
 		// Ctrl-C ends a long map rather than leaving it to run.
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		err = o.img.MapContext(ctx, clip)
-	} else {
+	default:
 		err = rawMap(o, clip)
 	}
 	if errors.Is(err, errStopMap) {

@@ -327,7 +327,7 @@ func (c *mountCmd) checkSingleImage() error {
 	defer img.Close()
 	if !c.ForceShare {
 		if err := img.LockConflict(); err != nil {
-			return err
+			return hintWith(err, c.refusalHint(err))
 		}
 	}
 	return nil

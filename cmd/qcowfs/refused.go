@@ -36,7 +36,7 @@ type statsSource interface {
 
 // refusalLines says, one line per image in path order, which image is not
 // shown, why, and what would show it.
-func refusalLines(l refusalLister) []string {
+func refusalLines(l refusalLister, hint func(error) string) []string {
 	if l == nil {
 		return nil
 	}
@@ -48,18 +48,18 @@ func refusalLines(l refusalLister) []string {
 	sort.Strings(paths)
 	lines := make([]string, 0, len(paths))
 	for _, p := range paths {
-		lines = append(lines, refusalLine(p, m[p]))
+		lines = append(lines, refusalLine(p, m[p], hint(m[p])))
 	}
 	return lines
 }
 
-func refusalLine(path string, err error) string {
+func refusalLine(path string, err error, h string) string {
 	msg := err.Error()
 	if !strings.Contains(msg, path) {
 		msg = path + ": " + msg
 	}
 	line := "not shown: " + msg
-	if h := refusalHint(err); h != "" && !strings.Contains(msg, h) {
+	if h != "" && !strings.Contains(msg, h) {
 		line += " (" + h + ")"
 	}
 	return line
@@ -96,9 +96,21 @@ func refusalHint(err error) string {
 	return ""
 }
 
+// refusalHint is the mount's refusalHint: a writable mount cannot share
+// an image another process writes (--force-share is not for it).
+func (c *mountCmd) refusalHint(err error) string {
+	if c.Writable && errors.Is(err, qcow2.ErrLocked) {
+		return ""
+	}
+	return refusalHint(err)
+}
+
 // withHint adds refusalHint to err's message, keeping err wrapped.
-func withHint(err error) error {
-	if h := refusalHint(err); h != "" && !strings.Contains(err.Error(), h) {
+func withHint(err error) error { return hintWith(err, refusalHint(err)) }
+
+// hintWith adds the hint h, if any, to err's message, keeping err wrapped.
+func hintWith(err error, h string) error {
+	if h != "" && !strings.Contains(err.Error(), h) {
 		return &hinted{err, h}
 	}
 	return err

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -99,8 +98,7 @@ func openRemoteImage(c *remote.Client, url string, opts qcow2.Options, allowed [
 	if err != nil {
 		return nil, err
 	}
-	var magic [4]byte
-	if n, _ := f.ReadAt(magic[:], 0); n != 4 || binary.BigEndian.Uint32(magic[:]) != qcow2.Magic {
+	if ok, _ := qcow2.ProbeFile(f); !ok {
 		f.Close()
 		return nil, fmt.Errorf("%s: not a qcow2 image (remote images must be qcow2)", f.Name())
 	}

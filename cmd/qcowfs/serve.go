@@ -55,7 +55,7 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 		NoPartitions: c.NoPartitions,
 		Writable:     c.Writable,
 		Overlay:      c.Overlay,
-		Hint:         refusalHint,
+		Hint:         c.refusalHint,
 		TestHook:     testHook(),
 	}
 	if remote.IsURL(c.Source) {
@@ -112,6 +112,8 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 			f.Close()
 		}()
 	}
+	// Before this mount is made, so that it does not find itself.
+	shared := c.sharedWriters()
 	server, err := c.mount(root, opts)
 	if err != nil {
 		return err
@@ -123,6 +125,10 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 		}
 	}
 	logger.Info("mounted", "source", shownSource(c.Source), "mountpoint", c.Mountpoint, "pid", os.Getpid(), "log", dest.where)
+	for _, line := range shared {
+		logger.Warn(line)
+		say("warning: %s", line)
+	}
 
 	// The images the first scan refused, and the tree's counters.
 	var refused refusalLister = root
@@ -131,10 +137,17 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 		stats = ss.Stats
 	}
 	// The tree logs each refusal itself; these lines are for the user.
-	for _, line := range refusalLines(refused) {
+	for _, line := range refusalLines(refused, c.refusalHint) {
 		say("%s", line)
 	}
-	facts := mountFacts{Source: shownSource(c.Source), Mountpoint: c.Mountpoint, PID: os.Getpid(), Started: started, Log: dest.where}
+	facts := mountFacts{Source: shownSource(c.Source), Mountpoint: c.Mountpoint, PID: os.Getpid(), Started: started, Log: dest.where,
+		Writable: c.Writable, Overlay: c.Overlay, Hint: c.refusalHint}
+	if c.Writable {
+		facts.CacheMode = "writethrough"
+		if cfg.WritebackCache {
+			facts.CacheMode = "writeback"
+		}
+	}
 	stopControl, err := startControl(c.Mountpoint, func() any { return facts.status(refused, stats) }, logger)
 	if err != nil {
 		logger.Warn("no control socket; qcowfs status will not answer", "err", err)

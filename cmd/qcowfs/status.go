@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/qcowfs/qcowfs/fs"
+	"github.com/qcowfs/qcowfs/qcow2"
 )
 
 type statusCmd struct {
@@ -35,7 +36,13 @@ type mountStatus struct {
 	PID        int       `json:"pid"`
 	Started    time.Time `json:"started"`
 	Log        string    `json:"log"`
-	Refused    []refusal `json:"refused"`
+	Writable   bool      `json:"writable"`
+	Overlay    string    `json:"overlay,omitempty"` // --overlay's folder
+	// CacheMode is how a writable mount's buffered writes reach the
+	// images: "writeback" (the kernel's writeback cache) or
+	// "writethrough" (--no-writeback-cache).
+	CacheMode string    `json:"cache-mode,omitempty"`
+	Refused   []refusal `json:"refused"`
 	// Images is the tree's counters (fs.Status: the open images with
 	// their handles and reads, the table cache, the remote client).
 	Images any `json:"images,omitempty"`
@@ -53,18 +60,22 @@ type mountFacts struct {
 	PID                int
 	Started            time.Time
 	Log                string
+	Writable           bool
+	Overlay, CacheMode string
+	Hint               func(error) string // the flag that shows a refused image
 }
 
 // status builds the answer: the facts, the refused images, and stats (the
 // tree's counters).
 func (f mountFacts) status(refused refusalLister, stats func() any) mountStatus {
-	s := mountStatus{Source: f.Source, Mountpoint: f.Mountpoint, PID: f.PID, Started: f.Started, Log: f.Log, Refused: []refusal{}}
+	s := mountStatus{Source: f.Source, Mountpoint: f.Mountpoint, PID: f.PID, Started: f.Started, Log: f.Log,
+		Writable: f.Writable, Overlay: f.Overlay, CacheMode: f.CacheMode, Refused: []refusal{}}
 	if refused != nil {
 		m := refused.Refused()
 		for p, err := range m {
 			// The image is named once, as in the log line.
 			reason := strings.TrimPrefix(err.Error(), p+": ")
-			s.Refused = append(s.Refused, refusal{Image: p, Reason: reason, Hint: refusalHint(err)})
+			s.Refused = append(s.Refused, refusal{Image: p, Reason: reason, Hint: f.Hint(err)})
 		}
 		sort.Slice(s.Refused, func(i, j int) bool { return s.Refused[i].Image < s.Refused[j].Image })
 	}
@@ -106,6 +117,10 @@ func (c *statusCmd) Run() error {
 	fmt.Fprintf(w, "mount point: %s\n", s.Mountpoint)
 	fmt.Fprintf(w, "daemon:      pid %d, up since %s (%s)\n", s.PID, s.Started.Local().Format("2006-01-02 15:04:05"), time.Since(s.Started).Round(time.Second))
 	fmt.Fprintf(w, "log:         %s\n", s.Log)
+	fmt.Fprintf(w, "mode:        %s\n", s.mode())
+	if st := counters.Images; st != nil {
+		fmt.Fprintf(w, "errors:      %s\n", errorLine(st.ErrorCounts, true))
+	}
 	fmt.Fprintf(w, "not shown:   %s\n", plural(len(s.Refused), "image"))
 	for _, r := range s.Refused {
 		line := "  " + r.Reason
@@ -122,9 +137,62 @@ func (c *statusCmd) Run() error {
 		for _, im := range st.Images {
 			fmt.Fprintf(w, "  %s: %s, %s, %s\n", im.Image, plural(im.Handles, "handle"),
 				plural(int(im.ReadRequests), "read"), plural(int(im.ReadBytes), "byte"))
+			if im.Overlay != "" {
+				fmt.Fprintf(w, "    overlay: %s\n", im.Overlay)
+			}
+			open := "open for reading"
+			if im.OpenForWriting {
+				open = fmt.Sprintf("open for writing (%s)", plural(im.Writers, "handle"))
+			}
+			fmt.Fprintf(w, "    %s; locks: %s\n", open, locksLine(im.Locks))
+			fmt.Fprintf(w, "    errors: %s\n", errorLine(im.ErrorCounts, false))
 		}
 	}
 	return nil
+}
+
+// mode says whether the mount writes, and how.
+func (s *mountStatus) mode() string {
+	if !s.Writable {
+		return "read-only"
+	}
+	m := "writable, " + s.CacheMode + " cache"
+	if s.Overlay != "" {
+		m += ", overlays in " + s.Overlay
+	}
+	return m
+}
+
+// locksLine says which of qemu's locks an image holds: "consistent
+// read, write, resize; not sharing write, resize".
+func locksLine(l qcow2.Locks) string {
+	if len(l.Held) == 0 && len(l.NotShared) == 0 {
+		return "none"
+	}
+	line := strings.Join(l.Held, ", ")
+	if len(l.NotShared) > 0 {
+		line += "; not sharing " + strings.Join(l.NotShared, ", ")
+	}
+	return line
+}
+
+// errorLine says how many reads and writes failed since the mount, and
+// the last failure (of which image, if named): "1 read, 0 writes failed
+// since mount; last: write of /srv/vm.qcow2 at 4096 (2026-12-04
+// 15:04:05): ...".
+func errorLine(c fs.ErrorCounts, named bool) string {
+	line := fmt.Sprintf("%s, %s failed since mount", plural(int(c.ReadErrors), "read"), plural(int(c.WriteErrors), "write"))
+	if e := c.LastError; e != nil {
+		line += "; last: " + e.Op
+		if named {
+			line += " of " + e.Image
+		}
+		if e.Offset >= 0 {
+			line += fmt.Sprintf(" at %d", e.Offset)
+		}
+		line += fmt.Sprintf(" (%s): %s", e.Time.Local().Format("2006-01-02 15:04:05"), e.Error)
+	}
+	return line
 }
 
 // plural says "1 image", "2 images".
