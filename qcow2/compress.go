@@ -247,3 +247,7 @@ func (l *layer) readAhead(g int64) {
 		}
 	}()
 }
+
+// Libdeflate reports whether this build inflates deflate-compressed
+// clusters with libdeflate (cgo) rather than compress/flate.
+func Libdeflate() bool { return haveLibdeflate }

@@ -20,7 +20,8 @@
 //   - doc.go, errors.go: this overview; every sentinel error and error type.
 //   - hostfile.go: HostFile (the files an image is made of) and metaFile,
 //     the one type through which metadata is read, tables decoded once.
-//   - header.go: the header, its field table, validated field by field.
+//   - header.go: the header, its field table, validated field by field;
+//     the format probe (Probe), as qemu decides a file is qcow2.
 //   - extensions.go: header extensions and the backing file name.
 //   - entries.go: L1 and L2 entry words and the rules that classify them.
 //   - mapping.go: the read side of the cluster mapping, guest offset to
@@ -48,12 +49,11 @@
 //   - check.go: the image check, qemu-img check without repairs.
 //   - check_counts.go: the check's reference counts, paged where they fall.
 //   - budget.go: the memory budget for structures an image file sizes.
-//   - lock.go: qemu's OFD image locks.
+//   - lock.go: qemu's OFD image locks, their probing without locks, locks
+//     on raw files.
 //   - info.go, map.go: what `qcowfs info` and `qcowfs map` print.
 //   - crypt.go: describing encrypted images (AES, the LUKS header), which
 //     are not read.
-//   - probe.go: the build's inflater, lock probing without locks, locks on
-//     raw files.
 //   - create.go: new images (Create; Prepare and Publish, its two halves),
 //     laid out as qemu-img create lays them out.
 //

@@ -2,7 +2,9 @@ package qcow2
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
 	"strings"
 )
 
@@ -420,4 +422,30 @@ func (r *headerReader) checkRange(h *Header, f headerField, off, length uint64) 
 		return r.bad(f, off, "table of %d bytes runs past the end of the file (%d bytes)", length, r.fileSize)
 	}
 	return nil
+}
+
+// ProbeSize is how many of a file's first bytes Probe looks at.
+const ProbeSize = 8
+
+// Probe reports whether qemu takes a file whose first bytes are head
+// (fewer than ProbeSize if the file is that short) for a qcow2 image, as
+// its format probe (block/qcow2.c, qcow2_probe) decides: the magic, and a
+// version (bytes 4-7) other than 0. qemu probes a buffer that reads as
+// zeros past the end of the file, so a file holding the magic alone has
+// version 0 and is a raw image to qemu. (Version 1 is qemu's older qcow
+// format, which Open refuses, naming the version.)
+func Probe(head []byte) bool {
+	var b [ProbeSize]byte
+	copy(b[:], head)
+	return binary.BigEndian.Uint32(b[:4]) == Magic && binary.BigEndian.Uint32(b[4:]) != 0
+}
+
+// ProbeFile reads f's first bytes and Probes them.
+func ProbeFile(f io.ReaderAt) (bool, error) {
+	var b [ProbeSize]byte
+	n, err := f.ReadAt(b[:], 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return false, err
+	}
+	return Probe(b[:n]), nil
 }
