@@ -47,14 +47,16 @@ type fileState struct {
 	gen     uint64  // current generation
 	known   version // the version the current generation stands for
 	handles int     // open FUSE handles on any disk of the file
+	closed  uint64  // identities.clock when a handle last closed
 }
 
-// identities tracks generations. mu guards files and next; no I/O is done
-// under it.
+// identities tracks generations. mu guards files, next and clock; no I/O
+// is done under it.
 type identities struct {
 	mu    sync.Mutex
 	files map[fileKey]*fileState
 	next  uint64
+	clock uint64 // handles closed so far, of any file
 }
 
 // maxIdentities bounds the table: files without open handles are forgotten
@@ -66,10 +68,22 @@ func newIdentities() *identities {
 	return &identities{files: map[fileKey]*fileState{}}
 }
 
-// observe returns the generation of the file k seen at version v: the
-// current one if v is the version it stands for or if the mount has the
-// file open (then v is our own doing), else a new one.
-func (t *identities) observe(k fileKey, v version) uint64 {
+// now is the time to pass to observe (or opened) for a stat taken after
+// this call.
+func (t *identities) now() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.clock
+}
+
+// observe returns the generation of the file k seen at version v, which
+// a stat taken after now() returned since gave: the current one if v is
+// the version it stands for, or if the mount has the file open (then v is
+// our own doing), or if a handle closed since (then v may be a stat of
+// our own writes in progress, older than the version the close recorded:
+// no evidence of another writer; the entry's next stat tells); else a new
+// one.
+func (t *identities) observe(k fileKey, v version, since uint64) uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.files[k]
@@ -86,21 +100,23 @@ func (t *identities) observe(k fileKey, v version) uint64 {
 		t.files[k] = s
 		return s.gen
 	}
-	if s.known != v {
-		if s.handles == 0 {
-			t.next++
-			s.gen = t.next
-		}
+	switch {
+	case s.known == v:
+	case s.handles > 0:
 		s.known = v
+	case s.closed > since:
+	default:
+		t.next++
+		s.gen, s.known = t.next, v
 	}
 	return s.gen
 }
 
 // opened counts an open handle of generation gen of file k, seen at
-// version v. It fails (ESTALE: the kernel then looks the name up again)
-// if the file changed into another generation since.
-func (t *identities) opened(k fileKey, gen uint64, v version) error {
-	if t.observe(k, v) != gen {
+// version v (a stat taken after since). It fails (ESTALE: the kernel then
+// looks the name up again) if the file changed into another generation.
+func (t *identities) opened(k fileKey, gen uint64, v version, since uint64) error {
+	if t.observe(k, v, since) != gen {
 		return syscall.ESTALE
 	}
 	t.mu.Lock()
@@ -117,9 +133,10 @@ func (t *identities) opened(k fileKey, gen uint64, v version) error {
 func (t *identities) closed(k fileKey, v version) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.clock++
 	if s := t.files[k]; s != nil {
 		s.handles--
-		s.known = v
+		s.known, s.closed = v, t.clock
 	}
 }
 

@@ -256,9 +256,10 @@ func (m *mount) openHandle(d diskID, rel string, write bool) (*openImage, error)
 	if err != nil {
 		return nil, err
 	}
+	since := m.ids.now()
 	st, err := m.src.fileStat(oi.orig.File())
 	if err == nil {
-		err = m.ids.opened(d.key, d.gen, versionOf(&st))
+		err = m.ids.opened(d.key, d.gen, versionOf(&st), since)
 	}
 	if err != nil {
 		m.release(oi)

@@ -229,6 +229,7 @@ func (d *dirNode) rescan(dir folder, old *dirScan, st *syscall.Stat_t) (*dirScan
 // that does not exist any more.
 func (d *dirNode) classify(dir folder, name string, old *entry) *entry {
 	m := d.m
+	since := m.ids.now()
 	lst, err := dir.lstat(name)
 	if err != nil {
 		return nil
@@ -262,7 +263,7 @@ func (d *dirNode) classify(dir folder, name string, old *entry) *entry {
 		e.kind = kindPlain
 		if m.src.isQcow2(e.rel) {
 			e.kind = kindImage
-			m.validate(e, old)
+			m.validate(e, old, since)
 		} else if !m.src.showsPlain() {
 			e.hidden = true
 		}
@@ -288,8 +289,9 @@ const maxSnapshotTables = 64
 
 // validate opens the image e without locks and records what it holds, or
 // why it is not shown. old is the entry's previous classification, for
-// logging a refusal once.
-func (m *mount) validate(e *entry, old *entry) {
+// logging a refusal once; since is identities.now from before e was
+// statted.
+func (m *mount) validate(e *entry, old *entry, since uint64) {
 	defer func() {
 		// A panic of the library on this image (or its partition
 		// table) hides this image only; the folder's other entries are
@@ -301,7 +303,7 @@ func (m *mount) validate(e *entry, old *entry) {
 			e.why = &refusal{image: m.src.abs(e.rel), reason: fmt.Sprintf("internal error: %v", r)}
 		}
 	}()
-	e.gen = m.ids.observe(e.key, versionOf(&e.st))
+	e.gen = m.ids.observe(e.key, versionOf(&e.st), since)
 	d := diskID{key: e.key, gen: e.gen}
 	oi, err := m.acquire(d, e.rel)
 	if err == nil && !m.cfg.ForceShare {
