@@ -73,7 +73,7 @@ func (d *dirNode) forgetStale(s *dirScan) {
 	}
 	for name, child := range d.Children() {
 		x := s.names[name]
-		if x != nil && x.disk().inode() == child.StableAttr().Ino && x.gen() == child.StableAttr().Gen {
+		if x != nil && x.disk().inode() == child.StableAttr().Ino && d.m.nodeGen(x) == child.StableAttr().Gen {
 			continue
 		}
 		d.RmChild(name)
@@ -134,7 +134,7 @@ func (d *dirNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 // node makes the node for a shown entry.
 func (m *mount) node(x *shown) (gofs.InodeEmbedder, gofs.StableAttr) {
 	e := x.e
-	stable := gofs.StableAttr{Ino: x.disk().inode(), Gen: x.gen()}
+	stable := gofs.StableAttr{Ino: x.disk().inode(), Gen: m.nodeGen(x)}
 	switch x.kind() {
 	case kindDir:
 		stable.Mode = syscall.S_IFDIR

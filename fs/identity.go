@@ -21,6 +21,13 @@ import (
 // index, the partition table, the counted data bytes. The mount's own
 // writes, made through open files, never change the generation: a file
 // changed while we held it open is a file we changed.
+//
+// A node can also go bad while its file stays the same: a page-cache write
+// past the end of a disk made the kernel's size of the node too large, and
+// the kernel keeps that size while its inode lives (writeback.go). Such a
+// disk (or partition) is replaced: later lookups of its name get a new
+// node (nodeGen), with the disk's size, and the files open on the old one
+// go on with it until they close.
 
 // fileKey identifies a source file.
 type fileKey struct{ dev, ino uint64 }
@@ -50,13 +57,14 @@ type fileState struct {
 	closed  uint64  // identities.clock when a handle last closed
 }
 
-// identities tracks generations. mu guards files, next and clock; no I/O
-// is done under it.
+// identities tracks generations. mu guards files, next, clock and
+// replaced; no I/O is done under it.
 type identities struct {
-	mu    sync.Mutex
-	files map[fileKey]*fileState
-	next  uint64
-	clock uint64 // handles closed so far, of any file
+	mu       sync.Mutex
+	files    map[fileKey]*fileState
+	next     uint64
+	clock    uint64            // handles closed so far, of any file
+	replaced map[diskID]uint64 // how often each disk's node was replaced
 }
 
 // maxIdentities bounds the table: files without open handles are forgotten
@@ -65,7 +73,7 @@ type identities struct {
 const maxIdentities = 1 << 16
 
 func newIdentities() *identities {
-	return &identities{files: map[fileKey]*fileState{}}
+	return &identities{files: map[fileKey]*fileState{}, replaced: map[diskID]uint64{}}
 }
 
 // now is the time to pass to observe (or opened) for a stat taken after
@@ -138,6 +146,29 @@ func (t *identities) closed(k fileKey, v version) {
 		s.handles--
 		s.known, s.closed = v, t.clock
 	}
+}
+
+// replace makes later lookups of disk d get a new node.
+func (t *identities) replace(d diskID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.replaced) >= maxIdentities {
+		clear(t.replaced)
+	}
+	t.replaced[d]++
+}
+
+// replacements is how often disk d's node was replaced.
+func (t *identities) replacements(d diskID) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.replaced[d]
+}
+
+// nodeGen is the generation of the node that shows x: the shown entry's
+// (shown.gen), another each time the disk's node was replaced.
+func (m *mount) nodeGen(x *shown) uint64 {
+	return x.gen() ^ m.ids.replacements(x.disk())*0xbf58476d1ce4e5b9 | 1
 }
 
 // diskID names a disk the mount shows: one generation of an image file, or

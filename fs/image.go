@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"sync/atomic"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -21,6 +22,8 @@ type imageNode struct {
 	part  int    // a partition number; 0 for the whole disk
 	start int64  // where the file starts in the disk: a partition's offset
 	size  int64  // a partition's size; for a whole disk, its size when listed
+
+	replaced atomic.Bool // a write past the end replaced it (writeback.go)
 }
 
 var (
@@ -64,8 +67,7 @@ func (n *imageNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, ui
 		}
 		return nil, 0, errnoOf(err)
 	}
-	fl := n.m.openFlags(write, flags)
-	return &imageHandle{n: n, oi: oi, write: write, cached: fl&fuse.FOPEN_DIRECT_IO == 0}, fl, 0
+	return &imageHandle{n: n, oi: oi, write: write}, n.m.openFlags(write, flags), 0
 }
 
 // openFlags are the open reply's flags. A handle opened for writing with
@@ -173,10 +175,9 @@ func (n *imageNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.Set
 // fallocate and fsync are answered here, against the image the handle
 // holds.
 type imageHandle struct {
-	n      *imageNode
-	oi     *openImage
-	write  bool // opened for writing
-	cached bool // through the kernel's page cache (no FOPEN_DIRECT_IO)
+	n     *imageNode
+	oi    *openImage
+	write bool // opened for writing
 }
 
 var _ = (gofs.FileReader)((*imageHandle)(nil))
@@ -190,22 +191,24 @@ func (h *imageHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 var _ = (gofs.FileWriter)((*imageHandle)(nil))
 
 // Write writes into the image; writes to different clusters run in
-// parallel. A write past the end of the disk (or partition) is cut there;
-// one that starts at the end fails with ENOSPC, as on a disk. With the
-// writeback cache, a cached handle's write that runs past the end comes
-// from the kernel writing back pages a write(2) put there: what fits is
-// written, and the write fails with ENOSPC, which the kernel keeps for the
-// next fsync or close (a short count would be taken as done).
+// parallel. A write past the end of the disk (or partition) is cut there
+// and returns the bytes that fit; one that starts at the end fails with
+// ENOSPC, as on a disk. With the writeback cache, such a write may come
+// from the kernel writing back pages a write(2) put past the end, which
+// grew the size the kernel keeps for the file: the node is replaced, and a
+// short count of such a write fails (writeback.go).
 func (h *imageHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	n := h.n
 	if !h.write {
 		return 0, syscall.EBADF
 	}
 	end := n.fileSize(h.oi)
+	if off+int64(len(data)) > end && n.m.cfg.WritebackCache {
+		n.replace()
+	}
 	if off >= end {
 		return 0, syscall.ENOSPC
 	}
-	want := len(data)
 	data = data[:min(int64(len(data)), end-off)]
 	img, err := n.m.writeTarget(h.oi)
 	if err != nil {
@@ -216,9 +219,6 @@ func (h *imageHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 		return uint32(k), n.m.writeFailed(h.oi, off, err)
 	}
 	n.m.usage.forget(h.oi.d)
-	if k < want && h.cached && n.m.cfg.WritebackCache {
-		return uint32(k), syscall.ENOSPC
-	}
 	return uint32(k), 0
 }
 

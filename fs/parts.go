@@ -72,7 +72,7 @@ func (n *partsNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 		whole.part, whole.table = 0, nil
 		node := &imageNode{m: n.m, x: &whole, part: p.Number, start: p.Start, size: p.Size}
 		n.m.usage.request(x.disk(), usageJob{rel: x.e.rel, start: p.Start, end: p.Start + p.Size})
-		child := n.NewInode(ctx, node, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: x.disk().inode(), Gen: x.gen()})
+		child := n.NewInode(ctx, node, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: x.disk().inode(), Gen: n.m.nodeGen(x)})
 		n.m.usage.watch(x.disk(), child)
 		x.size = p.Size
 		if n.m.fillAttr(&out.Attr, x) {
