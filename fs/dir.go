@@ -111,6 +111,9 @@ func (d *dirNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
 	return gofs.NewListDirStream(list), 0
 }
 
+// folder is the folder itself (and the root's, for Root).
+func (d *dirNode) folder() *dirNode { return d }
+
 // inodeNumber is the folder's inode number: the root's is FUSE's root ID,
 // 1; any other folder's is its source folder's.
 func (d *dirNode) inodeNumber() uint64 {

@@ -167,7 +167,7 @@ func (n *imageNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.Set
 		return errnoOf(err)
 	}
 	n.m.grown(oi.d, img.Size())
-	n.m.usage.forget(oi.d)
+	n.m.wrote(oi)
 	return n.Getattr(ctx, f, out)
 }
 
@@ -218,7 +218,7 @@ func (h *imageHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 	if err != nil {
 		return uint32(k), n.m.writeFailed(h.oi, off, err)
 	}
-	n.m.usage.forget(h.oi.d)
+	n.m.wrote(h.oi)
 	return uint32(k), 0
 }
 
@@ -226,7 +226,8 @@ var _ = (gofs.FileFsyncer)((*imageHandle)(nil))
 
 // Fsync makes everything written to the image durable. It never answers
 // ENOSYS (after which the kernel would take every fsync for a success), and
-// fails for ever once a write or sync of the image failed.
+// fails for ever once a write or sync of the image failed. A partition
+// table written meanwhile is shown from now on (tableWritten).
 func (h *imageHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	if h.oi.pending.Load() {
 		return 0 // nothing written yet
@@ -234,6 +235,7 @@ func (h *imageHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	if err := h.oi.image().Flush(); err != nil {
 		return h.n.m.writeFailed(h.oi, -1, err)
 	}
+	h.n.tableWritten(h.oi)
 	return 0
 }
 
@@ -305,8 +307,15 @@ func (h *imageHandle) Allocate(ctx context.Context, off, size uint64, mode uint3
 	default:
 		return syscall.EOPNOTSUPP
 	}
-	n.m.usage.forget(h.oi.d)
+	n.m.wrote(h.oi)
 	return 0
+}
+
+// wrote records that oi's disk was written (data, zeros, a discard, a new
+// size): its data count and its partition table, as read, no longer hold.
+func (m *mount) wrote(oi *openImage) {
+	m.usage.forget(oi.d)
+	oi.writes.Add(1)
 }
 
 // grown records that disk d is now size bytes large.

@@ -70,6 +70,10 @@ type openImage struct {
 	failed      atomic.Bool // a read failed; logged once
 	writeFailed atomic.Bool // a write failed; logged once
 
+	// Writes, discards and resizes so far, and how many of them the
+	// partition table was last read after (parts.go, tableWritten).
+	writes, tableRead atomic.Uint64
+
 	// Reads answered, and their bytes, for qcowfs status.
 	readRequests, readBytes atomic.Int64
 }
