@@ -298,7 +298,7 @@ func TestPartitionDamage(t *testing.T) {
 // cache modes.
 func TestPartitionTableWritten(t *testing.T) {
 	requireFUSE(t)
-	qemu.Require(t, "sfdisk", "losetup", "mkfs.ext4", "e2fsck", "wipefs")
+	qemu.Require(t, "sfdisk", "losetup", "mkfs.ext4", "e2fsck", "wipefs", "dd")
 	for _, mode := range []string{"writeback", "write-through"} {
 		t.Run(mode, func(t *testing.T) {
 			src := qemu.TempDir(t)
@@ -372,7 +372,7 @@ func TestPartitionTableWritten(t *testing.T) {
 // by name at once, without a listing.
 func TestPartitionTableFromOutside(t *testing.T) {
 	requireFUSE(t)
-	qemu.Require(t, "sfdisk")
+	qemu.Require(t, "sfdisk", "dd")
 	work := t.TempDir()
 	table := filepath.Join(work, "table.img")
 	qemu.Run(t, "truncate", "-s", "64M", table)
