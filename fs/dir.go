@@ -78,7 +78,7 @@ func (d *dirNode) forgetStale(s *dirScan) {
 	}
 	for name, child := range d.Children() {
 		x := s.names[name]
-		if x != nil && x.disk().inode() == child.StableAttr().Ino && x.gen() == child.StableAttr().Gen {
+		if x != nil && x.disk().inode() == child.StableAttr().Ino && d.m.nodeGen(x) == child.StableAttr().Gen {
 			continue
 		}
 		d.RmChild(name)
@@ -116,6 +116,9 @@ func (d *dirNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
 	return gofs.NewListDirStream(list), 0
 }
 
+// folder is the folder itself (and the root's, for Root).
+func (d *dirNode) folder() *dirNode { return d }
+
 // inodeNumber is the folder's inode number: the root's is FUSE's root ID,
 // 1; any other folder's is its source folder's.
 func (d *dirNode) inodeNumber() uint64 {
@@ -139,7 +142,7 @@ func (d *dirNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 // node makes the node for a shown entry.
 func (m *mount) node(x *shown) (gofs.InodeEmbedder, gofs.StableAttr) {
 	e := x.e
-	stable := gofs.StableAttr{Ino: x.disk().inode(), Gen: x.gen()}
+	stable := gofs.StableAttr{Ino: x.disk().inode(), Gen: m.nodeGen(x)}
 	switch x.kind() {
 	case kindDir:
 		stable.Mode = syscall.S_IFDIR

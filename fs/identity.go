@@ -21,6 +21,13 @@ import (
 // index, the partition table, the counted data bytes. The mount's own
 // writes, made through open files, never change the generation: a file
 // changed while we held it open is a file we changed.
+//
+// A node can also go bad while its file stays the same: a page-cache write
+// past the end of a disk made the kernel's size of the node too large, and
+// the kernel keeps that size while its inode lives (writeback.go). Such a
+// disk (or partition) is replaced: later lookups of its name get a new
+// node (nodeGen), with the disk's size, and the files open on the old one
+// go on with it until they close.
 
 // fileKey identifies a source file.
 type fileKey struct{ dev, ino uint64 }
@@ -47,14 +54,17 @@ type fileState struct {
 	gen     uint64  // current generation
 	known   version // the version the current generation stands for
 	handles int     // open FUSE handles on any disk of the file
+	closed  uint64  // identities.clock when a handle last closed
 }
 
-// identities tracks generations. mu guards files and next; no I/O is done
-// under it.
+// identities tracks generations. mu guards files, next, clock and
+// replaced; no I/O is done under it.
 type identities struct {
-	mu    sync.Mutex
-	files map[fileKey]*fileState
-	next  uint64
+	mu       sync.Mutex
+	files    map[fileKey]*fileState
+	next     uint64
+	clock    uint64            // handles closed so far, of any file
+	replaced map[diskID]uint64 // how often each disk's node was replaced
 }
 
 // maxIdentities bounds the table: files without open handles are forgotten
@@ -63,13 +73,25 @@ type identities struct {
 const maxIdentities = 1 << 16
 
 func newIdentities() *identities {
-	return &identities{files: map[fileKey]*fileState{}}
+	return &identities{files: map[fileKey]*fileState{}, replaced: map[diskID]uint64{}}
 }
 
-// observe returns the generation of the file k seen at version v: the
-// current one if v is the version it stands for or if the mount has the
-// file open (then v is our own doing), else a new one.
-func (t *identities) observe(k fileKey, v version) uint64 {
+// now is the time to pass to observe (or opened) for a stat taken after
+// this call.
+func (t *identities) now() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.clock
+}
+
+// observe returns the generation of the file k seen at version v, which
+// a stat taken after now() returned since gave: the current one if v is
+// the version it stands for, or if the mount has the file open (then v is
+// our own doing), or if a handle closed since (then v may be a stat of
+// our own writes in progress, older than the version the close recorded:
+// no evidence of another writer; the entry's next stat tells); else a new
+// one.
+func (t *identities) observe(k fileKey, v version, since uint64) uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.files[k]
@@ -86,21 +108,23 @@ func (t *identities) observe(k fileKey, v version) uint64 {
 		t.files[k] = s
 		return s.gen
 	}
-	if s.known != v {
-		if s.handles == 0 {
-			t.next++
-			s.gen = t.next
-		}
+	switch {
+	case s.known == v:
+	case s.handles > 0:
 		s.known = v
+	case s.closed > since:
+	default:
+		t.next++
+		s.gen, s.known = t.next, v
 	}
 	return s.gen
 }
 
 // opened counts an open handle of generation gen of file k, seen at
-// version v. It fails (ESTALE: the kernel then looks the name up again)
-// if the file changed into another generation since.
-func (t *identities) opened(k fileKey, gen uint64, v version) error {
-	if t.observe(k, v) != gen {
+// version v (a stat taken after since). It fails (ESTALE: the kernel then
+// looks the name up again) if the file changed into another generation.
+func (t *identities) opened(k fileKey, gen uint64, v version, since uint64) error {
+	if t.observe(k, v, since) != gen {
 		return syscall.ESTALE
 	}
 	t.mu.Lock()
@@ -117,10 +141,34 @@ func (t *identities) opened(k fileKey, gen uint64, v version) error {
 func (t *identities) closed(k fileKey, v version) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.clock++
 	if s := t.files[k]; s != nil {
 		s.handles--
-		s.known = v
+		s.known, s.closed = v, t.clock
 	}
+}
+
+// replace makes later lookups of disk d get a new node.
+func (t *identities) replace(d diskID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.replaced) >= maxIdentities {
+		clear(t.replaced)
+	}
+	t.replaced[d]++
+}
+
+// replacements is how often disk d's node was replaced.
+func (t *identities) replacements(d diskID) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.replaced[d]
+}
+
+// nodeGen is the generation of the node that shows x: the shown entry's
+// (shown.gen), another each time the disk's node was replaced.
+func (m *mount) nodeGen(x *shown) uint64 {
+	return x.gen() ^ m.ids.replacements(x.disk())*0xbf58476d1ce4e5b9 | 1
 }
 
 // diskID names a disk the mount shows: one generation of an image file, or

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"sync/atomic"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -21,6 +22,8 @@ type imageNode struct {
 	part  int    // a partition number; 0 for the whole disk
 	start int64  // where the file starts in the disk: a partition's offset
 	size  int64  // a partition's size; for a whole disk, its size when listed
+
+	replaced atomic.Bool // a write past the end replaced it (writeback.go)
 }
 
 var (
@@ -64,8 +67,7 @@ func (n *imageNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, ui
 		}
 		return nil, 0, errnoOf(err)
 	}
-	fl := n.m.openFlags(write, flags)
-	return &imageHandle{n: n, oi: oi, write: write, cached: fl&fuse.FOPEN_DIRECT_IO == 0}, fl, 0
+	return &imageHandle{n: n, oi: oi, write: write}, n.m.openFlags(write, flags), 0
 }
 
 // openFlags are the open reply's flags. A handle opened for writing with
@@ -165,7 +167,7 @@ func (n *imageNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.Set
 		return errnoOf(err)
 	}
 	n.m.grown(oi.d, img.Size())
-	n.m.usage.forget(oi.d)
+	n.m.wrote(oi)
 	return n.Getattr(ctx, f, out)
 }
 
@@ -173,10 +175,9 @@ func (n *imageNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.Set
 // fallocate and fsync are answered here, against the image the handle
 // holds.
 type imageHandle struct {
-	n      *imageNode
-	oi     *openImage
-	write  bool // opened for writing
-	cached bool // through the kernel's page cache (no FOPEN_DIRECT_IO)
+	n     *imageNode
+	oi    *openImage
+	write bool // opened for writing
 }
 
 var _ = (gofs.FileReader)((*imageHandle)(nil))
@@ -190,22 +191,24 @@ func (h *imageHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 var _ = (gofs.FileWriter)((*imageHandle)(nil))
 
 // Write writes into the image; writes to different clusters run in
-// parallel. A write past the end of the disk (or partition) is cut there;
-// one that starts at the end fails with ENOSPC, as on a disk. With the
-// writeback cache, a cached handle's write that runs past the end comes
-// from the kernel writing back pages a write(2) put there: what fits is
-// written, and the write fails with ENOSPC, which the kernel keeps for the
-// next fsync or close (a short count would be taken as done).
+// parallel. A write past the end of the disk (or partition) is cut there
+// and returns the bytes that fit; one that starts at the end fails with
+// ENOSPC, as on a disk. With the writeback cache, such a write may come
+// from the kernel writing back pages a write(2) put past the end, which
+// grew the size the kernel keeps for the file: the node is replaced, and a
+// short count of such a write fails (writeback.go).
 func (h *imageHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	n := h.n
 	if !h.write {
 		return 0, syscall.EBADF
 	}
 	end := n.fileSize(h.oi)
+	if off+int64(len(data)) > end && n.m.cfg.WritebackCache {
+		n.replace()
+	}
 	if off >= end {
 		return 0, syscall.ENOSPC
 	}
-	want := len(data)
 	data = data[:min(int64(len(data)), end-off)]
 	img, err := n.m.writeTarget(h.oi)
 	if err != nil {
@@ -215,10 +218,7 @@ func (h *imageHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 	if err != nil {
 		return uint32(k), n.m.writeFailed(h.oi, off, err)
 	}
-	n.m.usage.forget(h.oi.d)
-	if k < want && h.cached && n.m.cfg.WritebackCache {
-		return uint32(k), syscall.ENOSPC
-	}
+	n.m.wrote(h.oi)
 	return uint32(k), 0
 }
 
@@ -226,7 +226,8 @@ var _ = (gofs.FileFsyncer)((*imageHandle)(nil))
 
 // Fsync makes everything written to the image durable. It never answers
 // ENOSYS (after which the kernel would take every fsync for a success), and
-// fails for ever once a write or sync of the image failed.
+// fails for ever once a write or sync of the image failed. A partition
+// table written meanwhile is shown from now on (tableWritten).
 func (h *imageHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	if h.oi.pending.Load() {
 		return 0 // nothing written yet
@@ -234,6 +235,7 @@ func (h *imageHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	if err := h.oi.image().Flush(); err != nil {
 		return h.n.m.writeFailed(h.oi, -1, err)
 	}
+	h.n.tableWritten(h.oi)
 	return 0
 }
 
@@ -305,8 +307,15 @@ func (h *imageHandle) Allocate(ctx context.Context, off, size uint64, mode uint3
 	default:
 		return syscall.EOPNOTSUPP
 	}
-	n.m.usage.forget(h.oi.d)
+	n.m.wrote(h.oi)
 	return 0
+}
+
+// wrote records that oi's disk was written (data, zeros, a discard, a new
+// size): its data count and its partition table, as read, no longer hold.
+func (m *mount) wrote(oi *openImage) {
+	m.usage.forget(oi.d)
+	oi.writes.Add(1)
 }
 
 // grown records that disk d is now size bytes large.

@@ -70,6 +70,10 @@ type openImage struct {
 	failed      atomic.Bool // a read failed; logged once
 	writeFailed atomic.Bool // a write failed; logged once
 
+	// Writes, discards and resizes so far, and how many of them the
+	// partition table was last read after (parts.go, tableWritten).
+	writes, tableRead atomic.Uint64
+
 	// Reads answered, and their bytes, for qcowfs status.
 	readRequests, readBytes atomic.Int64
 }
@@ -256,9 +260,10 @@ func (m *mount) openHandle(d diskID, rel string, write bool) (*openImage, error)
 	if err != nil {
 		return nil, err
 	}
+	since := m.ids.now()
 	st, err := m.src.fileStat(oi.orig.File())
 	if err == nil {
-		err = m.ids.opened(d.key, d.gen, versionOf(&st))
+		err = m.ids.opened(d.key, d.gen, versionOf(&st), since)
 	}
 	if err != nil {
 		m.release(oi)

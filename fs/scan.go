@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"runtime/debug"
 	"sort"
 	"strings"
@@ -83,8 +84,9 @@ type refusal struct {
 type shown struct {
 	e     *entry
 	snap  int // 1 + snapshot index; 0 for the image's current state
-	part  int // partsFolder for a disk's partitions folder, else 0
-	size  int64
+	part  int // partsFolder for a disk's partitions folder, a partition's number (parts.go), else 0
+	start int64
+	size  int64            // a partition's byte range is [start, start+size)
 	table *partition.Table // partitions folders: the disk's partitions
 }
 
@@ -107,9 +109,18 @@ func (x *shown) disk() diskID {
 // A node keeps its source path for life, so an entry that moved (a folder
 // renamed, and another put in its place) must be a new node: otherwise the
 // kernel would be handed the old node, which still resolves the old path.
+// So must a partitions folder whose table changed (its lookups and listing
+// go by the table it was made with), and a partition whose range did (the
+// kernel's cached pages of the old one are of another range).
 func (x *shown) gen() uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(x.e.rel))
+	switch {
+	case x.part == partsFolder:
+		h.Write([]byte(layout(x.table)))
+	case x.part > 0:
+		fmt.Fprintf(h, "\x00%d+%d", x.start, x.size)
+	}
 	g := h.Sum64()
 	if x.e.kind == kindImage {
 		g ^= x.e.gen * 0x9e3779b97f4a7c15
@@ -177,11 +188,15 @@ func (d *dirNode) scan(name string) (*dirScan, error) {
 	} else if x := cur.names[name]; x != nil {
 		check = append(check, x.e)
 	} else {
-		// Not shown: it may be an image a qemu let go of since.
+		// Not shown: it may be an image a qemu let go of since, or
+		// the partitions folder of a disk that has a table since.
 		for _, e := range cur.entries {
 			if e.locked {
 				check = append(check, e)
 			}
+		}
+		if disk, ok := strings.CutSuffix(name, partsSuffix); ok && cur.names[disk] != nil {
+			check = append(check, cur.names[disk].e)
 		}
 	}
 	changed := false
@@ -208,6 +223,29 @@ func (d *dirNode) scan(name string) (*dirScan, error) {
 		d.cur = &dirScan{dir: cur.dir, ver: cur.ver, entries: entries, names: d.m.assign(entries)}
 	}
 	return d.cur, nil
+}
+
+// takeTable shows t as the partition table of the disk shown as name,
+// whose writer read it from the disk (tableWritten), if it differs from
+// the table shown. It returns the name of the partitions folder that
+// changed (appeared, went or shows other partitions), or "".
+func (d *dirNode) takeTable(name string, t *partition.Table) string {
+	d.scanMu.Lock()
+	defer d.scanMu.Unlock()
+	cur := d.cur
+	var x *shown
+	if cur != nil {
+		x = cur.names[name]
+	}
+	if x == nil || x.kind() != kindImage || x.snap != 0 || x.e.facts == nil || layout(x.e.facts.table) == layout(t) {
+		return ""
+	}
+	e, f := *x.e, *x.e.facts
+	f.table, e.facts = t, &f
+	entries := maps.Clone(cur.entries)
+	entries[e.src] = &e
+	d.cur = &dirScan{dir: cur.dir, ver: cur.ver, entries: entries, names: d.m.assign(entries)}
+	return partsName(name)
 }
 
 // rescan reads the folder's names again and classifies every entry,
@@ -241,6 +279,7 @@ func (d *dirNode) rescan(dir folder, old *dirScan, st *syscall.Stat_t) (*dirScan
 // that does not exist any more.
 func (d *dirNode) classify(dir folder, name string, old *entry) *entry {
 	m := d.m
+	since := m.ids.now()
 	lst, err := dir.lstat(name)
 	if err != nil {
 		return nil
@@ -274,7 +313,7 @@ func (d *dirNode) classify(dir folder, name string, old *entry) *entry {
 		e.kind = kindPlain
 		if m.src.isQcow2(e.rel) {
 			e.kind = kindImage
-			m.validate(e, old)
+			m.validate(e, old, since)
 		} else if !m.src.showsPlain() {
 			e.hidden = true
 		}
@@ -300,8 +339,9 @@ const maxSnapshotTables = 64
 
 // validate opens the image e without locks and records what it holds, or
 // why it is not shown. old is the entry's previous classification, for
-// logging a refusal once.
-func (m *mount) validate(e *entry, old *entry) {
+// logging a refusal once; since is identities.now from before e was
+// statted.
+func (m *mount) validate(e *entry, old *entry, since uint64) {
 	defer func() {
 		// A panic of the library on this image (or its partition
 		// table) hides this image only; the folder's other entries are
@@ -313,7 +353,7 @@ func (m *mount) validate(e *entry, old *entry) {
 			e.why = &refusal{image: m.src.abs(e.rel), reason: fmt.Sprintf("internal error: %v", r)}
 		}
 	}()
-	e.gen = m.ids.observe(e.key, versionOf(&e.st))
+	e.gen = m.ids.observe(e.key, versionOf(&e.st), since)
 	d := diskID{key: e.key, gen: e.gen}
 	oi, err := m.acquire(d, e.rel)
 	if err == nil && !m.cfg.ForceShare {
@@ -400,21 +440,32 @@ func sameSnapErrs(f *imageFacts, i int, err string) bool {
 // readPartitions reads a disk's partition table; nil if it has none or no
 // partition of it would be shown. Problems are logged.
 func (m *mount) readPartitions(img *qcow2.Image, what string) *partition.Table {
+	t, err := partitionsOf(img)
+	m.logTable(t, err, what)
+	return shownTable(t)
+}
+
+// partitionsOf reads a disk's partition table: nil if it has none, and an
+// error if it cannot be used.
+func partitionsOf(img *qcow2.Image) (*partition.Table, error) {
 	t, err := partition.Read(img, img.Size(), 0)
-	switch {
-	case errors.Is(err, partition.ErrNoTable):
-		return nil
-	case err != nil:
+	if errors.Is(err, partition.ErrNoTable) {
+		return nil, nil
+	}
+	return t, err
+}
+
+// logTable logs the problems of a table read from the disk what.
+func (m *mount) logTable(t *partition.Table, err error, what string) {
+	if err != nil {
 		m.log.Warn("partition table not shown", "disk", what, "reason", err.Error())
-		return nil
+		return
 	}
-	for _, w := range t.Warnings {
-		m.log.Warn("partition table", "disk", what, "warning", w)
+	if t != nil {
+		for _, w := range t.Warnings {
+			m.log.Warn("partition table", "disk", what, "warning", w)
+		}
 	}
-	if len(shownPartitions(t)) == 0 {
-		return nil
-	}
-	return t
 }
 
 // passing reports whether err is a refusal for want of something other

@@ -283,3 +283,117 @@ func TestPartitionDamage(t *testing.T) {
 		t.Errorf("SEEK_DATA at the end of p1: %v, want ENXIO", err)
 	}
 }
+
+// TestPartitionTableWritten: a partition table written through a writable
+// mount is seen by name as soon as its writer closes or fsyncs the disk
+// file, without a listing of the folder first; so is a changed table, and
+// a removed one is gone as soon. On a blank image: sfdisk writes a GPT
+// onto DISK.raw, and at once losetup attaches DISK.raw.parts/p1, mkfs.ext4
+// makes a file system on the loop device, and e2fsck reads it back
+// through the mount; sfdisk writes an MBR whose p1 is larger over it, and
+// at once stat shows p1 at its new size; wipefs -a removes the table, and
+// at once DISK.raw.parts and p1 are gone. After unmount, qemu-img check
+// finds the image clean, and e2fsck the file system in the range sfdisk
+// sees p1 at in qemu-img convert's output of a run without wipefs. Both
+// cache modes.
+func TestPartitionTableWritten(t *testing.T) {
+	requireFUSE(t)
+	qemu.Require(t, "sfdisk", "losetup", "mkfs.ext4", "e2fsck", "wipefs", "dd")
+	for _, mode := range []string{"writeback", "write-through"} {
+		t.Run(mode, func(t *testing.T) {
+			src := qemu.TempDir(t)
+			img := filepath.Join(src, "disk.qcow2")
+			kept := filepath.Join(src, "kept.qcow2")
+			qemu.Create(t, "qcow2", img, "64M")
+			qemu.Create(t, "qcow2", kept, "64M")
+			args := []string{"--writable"}
+			if mode == "write-through" {
+				args = append(args, "--no-writeback-cache")
+			}
+			m := mountImages(t, src, args...)
+			partition := func(disk, table string) {
+				t.Helper()
+				sfdisk := exec.Command("sfdisk", "-q", disk)
+				sfdisk.Stdin = strings.NewReader(table)
+				if out, err := sfdisk.CombinedOutput(); err != nil {
+					t.Fatalf("sfdisk %s: %v\n%s", disk, err, out)
+				}
+			}
+			wantSize := func(path string, size int64) {
+				t.Helper()
+				if st, err := os.Stat(path); err != nil || st.Size() != size {
+					t.Fatalf("stat %s: %v, %v; want %d bytes", path, st, err, size)
+				}
+			}
+			for _, name := range []string{"disk", "kept"} {
+				disk := filepath.Join(m.Dir, name+".raw")
+				p1 := filepath.Join(m.Dir, name+".raw.parts", "p1")
+				partition(disk, "label: gpt\nstart=2048, size=16MiB, type=linux\n")
+				dev, detach := attachLoopRW(t, p1)
+				qemu.Run(t, "mkfs.ext4", "-q", "-F", dev)
+				detach()
+				if out, err := exec.Command("e2fsck", "-fn", p1).CombinedOutput(); err != nil {
+					t.Errorf("e2fsck -fn %s: %v\n%s", p1, err, out)
+				}
+				wantSize(p1, 16<<20)
+				if name == "kept" {
+					continue
+				}
+				partition(disk, "label: dos\nstart=2048, size=32MiB, type=83\n")
+				wantSize(p1, 32<<20)
+				if got := names(t, filepath.Join(m.Dir, name+".raw.parts")); !slices.Equal(got, []string{"p1"}) {
+					t.Errorf("after the new table, %s.raw.parts lists %q, want p1 only", name, got)
+				}
+				qemu.Run(t, "wipefs", "-q", "-a", "-f", disk)
+				for _, p := range []string{p1, filepath.Dir(p1)} {
+					if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+						t.Errorf("stat %s after wipefs: %v, want ENOENT", p, err)
+					}
+				}
+			}
+			m.unmount(t)
+			qemuCheckClean(t, img)
+			qemuCheckClean(t, kept)
+			raw := qemu.ToRaw(t, kept, filepath.Join(t.TempDir(), "kept.raw"))
+			r := sfdiskParts(t, raw)[1]
+			part := filepath.Join(t.TempDir(), "p1.img")
+			qemu.Run(t, "dd", "if="+raw, "of="+part, "bs=1M", "iflag=skip_bytes,count_bytes",
+				fmt.Sprintf("skip=%d", r[0]), fmt.Sprintf("count=%d", r[1]), "status=none")
+			if out, err := exec.Command("e2fsck", "-fn", part).CombinedOutput(); err != nil {
+				t.Errorf("e2fsck -fn of p1 in qemu-img convert's output: %v\n%s", err, out)
+			}
+		})
+	}
+}
+
+// TestPartitionTableFromOutside: a lookup of DISK.raw.parts checks the
+// disk behind it: after another program (qemu-io here) writes a partition
+// table into an image the mount has seen without one, the folder is found
+// by name at once, without a listing.
+func TestPartitionTableFromOutside(t *testing.T) {
+	requireFUSE(t)
+	qemu.Require(t, "sfdisk", "dd")
+	work := t.TempDir()
+	table := filepath.Join(work, "table.img")
+	qemu.Run(t, "truncate", "-s", "64M", table)
+	sfdisk := exec.Command("sfdisk", "-q", table)
+	sfdisk.Stdin = strings.NewReader("label: dos\nstart=2048, size=16MiB, type=83\n")
+	if out, err := sfdisk.CombinedOutput(); err != nil {
+		t.Fatalf("sfdisk: %v\n%s", err, out)
+	}
+	mbr := filepath.Join(work, "mbr.bin")
+	qemu.Run(t, "dd", "if="+table, "of="+mbr, "bs=512", "count=1", "status=none")
+
+	src := qemu.TempDir(t)
+	img := filepath.Join(src, "disk.qcow2")
+	qemu.Create(t, "qcow2", img, "64M")
+	m := mountImages(t, src)
+	parts := filepath.Join(m.Dir, "disk.raw.parts")
+	if _, err := os.Stat(parts); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stat %s of a blank disk: %v, want ENOENT", parts, err)
+	}
+	qemu.IO(t, img, "write -s "+mbr+" 0 512")
+	if st, err := os.Stat(filepath.Join(parts, "p1")); err != nil || st.Size() != 16<<20 {
+		t.Errorf("stat p1 after qemu-io wrote the table: %v, %v; want %d bytes", st, err, 16<<20)
+	}
+}

@@ -36,7 +36,7 @@ type mountCmd struct {
 	NoPartitions        bool     `help:"Do not show the folders of guest partitions (STEM.raw.parts/p1, ...)."`
 	ForceShare          bool     `short:"U" help:"Serve images that another process (a running qemu) has open for writing, like qemu-img -U; their content may change under the reader. Not with --writable."`
 	Writable            bool     `help:"Make the raw files of qcow2 images writable: writes, discards (fstrim), zeroing and growing go into the images, crash-safe (see Writing in the README). Snapshots, partitions of snapshots and plain files stay read-only."`
-	NoWritebackCache    bool     `help:"With --writable: send each buffered write to qcowfs as it is made (write-through) instead of through the kernel's writeback cache. A write past the end of the disk then fails at write, with ENOSPC, instead of at fsync or close; loop-mounted guests and small buffered writes are slower. See Writing in the README."`
+	NoWritebackCache    bool     `help:"With --writable: send each buffered write to qcowfs as it is made (write-through) instead of through the kernel's writeback cache. A write across the end of the disk then returns the bytes that fit, and the next one fails with ENOSPC, instead of fsync or close failing; loop-mounted guests and small buffered writes are slower. See Writing in the README."`
 	// WritebackCache is the default with --writable; the flag stays for
 	// command lines written when it was not.
 	WritebackCache bool          `hidden:"" help:"The default with --writable."`

@@ -208,12 +208,12 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 // mount makes the FUSE mount. As non-root, go-fuse runs fusermount3,
 // which says why it failed on its stderr; that text becomes the error, in
 // the foreground as in the daemon (whose stderr is /dev/null).
-func (c *mountCmd) mount(root gofs.InodeEmbedder, opts *gofs.Options) (*fuse.Server, error) {
+func (c *mountCmd) mount(root *fs.Root, opts *gofs.Options) (*fuse.Server, error) {
 	var restore func() string
 	if os.Geteuid() != 0 {
 		restore, _ = captureStderr()
 	}
-	server, err := gofs.Mount(c.Mountpoint, root, opts)
+	server, err := fs.Mount(c.Mountpoint, root, opts)
 	if restore != nil {
 		said := oneLine(restore())
 		if err != nil && said != "" {
