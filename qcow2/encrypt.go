@@ -33,7 +33,30 @@ import (
 // layerCrypt is an encrypted layer's cipher.
 type layerCrypt struct {
 	c        *luks.Cipher
-	physical bool // IVs from host offsets (LUKS), not guest offsets
+	physical bool         // IVs from host offsets (LUKS), not guest offsets
+	header   *luks.Header // LUKS: the header (no key material in it)
+}
+
+// Encryption returns what an image made to be this one's encrypted
+// overlay is made with: the same cipher and PBKDF2 costs (so that it opens
+// as fast as this one), under passphrase. ok is false if the image is not
+// encrypted; for qemu's legacy AES it is qemu's LUKS defaults.
+func (img *Image) Encryption(passphrase []byte) (e *Encryption, ok bool) {
+	lc := img.top.crypt
+	if lc == nil {
+		return nil, false
+	}
+	e = &Encryption{Passphrase: passphrase}
+	if h := lc.header; h != nil {
+		e.Params = luks.Params{Spec: h.Spec(), MKDigestIter: h.MKDigestIter}
+		for _, s := range h.Slots {
+			if s.Active {
+				e.Params.Iterations = s.Iterations
+				break
+			}
+		}
+	}
+	return e, true
 }
 
 // A KeyError says why an encrypted image cannot be opened: no passphrase
@@ -98,7 +121,7 @@ func (l *layer) unlock(opts *Options) error {
 	case err != nil:
 		return luksError(l.name, off, err)
 	}
-	l.crypt = &layerCrypt{c: c, physical: true}
+	l.crypt = &layerCrypt{c: c, physical: true, header: lh}
 	return nil
 }
 
