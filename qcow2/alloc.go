@@ -129,6 +129,9 @@ func (w *writer) setRefcount(c int64, v uint64) error {
 		return err
 	}
 	w.alloc.ref.put(t, c%w.alloc.ref.perBlock, v)
+	if v > 0 {
+		w.growth.usedEnd = max(w.growth.usedEnd, c+1)
+	}
 	if v > 0 && c >= w.alloc.end {
 		w.alloc.end = c + 1
 	}
@@ -165,6 +168,7 @@ func (w *writer) ensureRefblock(ti int64) (int64, error) {
 	if c >= w.alloc.end {
 		w.alloc.end = c + 1
 	}
+	w.growth.usedEnd = max(w.growth.usedEnd, c+1)
 	return off, nil
 }
 
@@ -472,6 +476,7 @@ func (w *writer) growReftable(need int64) error {
 	w.alloc.reftOff = tableStart * cs
 	w.alloc.reft = &table{words: newTable}
 	w.alloc.end = max(w.alloc.end, areaEnd)
+	w.growth.usedEnd = max(w.growth.usedEnd, areaEnd)
 	// The header no longer names the old table: its clusters are free.
 	return w.releaseTable(oldOff, oldClusters*cs, MetaRefcountTable)
 }

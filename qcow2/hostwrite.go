@@ -19,6 +19,7 @@ import (
 type growth struct {
 	fileEnd      int64 // the image file's size as the writer made it
 	zeroFrom     int64 // clusters at or past this index read zeros on the host
+	usedEnd      int64 // first cluster index past every cluster this writer gave a refcount
 	short        bool  // the host ran short of space: the growth ahead is given back at flush
 	dataEnd      int64 // the data file's size (external data files)
 	dataZeroFrom int64 // and its size at open, rounded up to a cluster
@@ -303,13 +304,15 @@ func (w *writer) reserveFile(size int64) error {
 	return nil
 }
 
-// giveBack truncates the image file to the end of the clusters in use (or
-// its size at open, if larger), giving back what reserveFile took ahead.
-// Only clusters no refcount (in memory) counts are cut, so it is safe even
-// on an image that stopped taking writes.
+// giveBack truncates the image file to its size at open (rounded up to a
+// cluster) or the end of the clusters this writer allocated, if larger,
+// giving back what reserveFile took ahead. Only clusters the writer
+// reserved and never counted are cut, so it is safe even on an image that
+// stopped taking writes; and refcounts a damaged image claims past its end
+// do not grow it.
 func (w *writer) giveBack() {
 	cs := w.l.clusterSize()
-	if end := max(w.alloc.end*cs, w.growth.zeroFrom*cs); end < w.growth.fileEnd {
+	if end := max(w.growth.usedEnd*cs, w.growth.zeroFrom*cs); end < w.growth.fileEnd {
 		if err := w.f.Truncate(end); err == nil {
 			w.growth.fileEnd = end
 			w.l.setFileSize(end)
