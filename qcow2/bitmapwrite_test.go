@@ -111,6 +111,12 @@ func TestBitmapsKeptTrue(t *testing.T) {
 			for _, name := range []string{"b64k", "b1m"} {
 				model[name].add(40<<30, 4096, gran[name])
 			}
+			// The live view says what the model says.
+			for _, name := range []string{"b64k", "b1m"} {
+				if got, want := viewRanges(t, img, name), model[name].ranges(gran[name], size); !slices.Equal(got, want) {
+					t.Errorf("the live view of %s: %v, want %v", name, got, want)
+				}
+			}
 			if err := img.Close(); err != nil {
 				t.Fatal(err)
 			}
@@ -119,11 +125,19 @@ func TestBitmapsKeptTrue(t *testing.T) {
 				t.Errorf("a bitmap is still in use after a clean close:\n%s", info)
 			}
 			qemuCheck(t, p)
+			ro, err := qcow2.Open(p, qcow2.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ro.Close()
 			for _, name := range []string{"b64k", "b1m", "off"} {
 				got := qemu.DirtyRanges(t, p, name)
 				want := model[name].ranges(gran[name], size)
 				if !slices.Equal(got, want) {
 					t.Errorf("bitmap %s: qemu says dirty %v, want %v", name, got, want)
+				}
+				if view := viewRanges(t, ro, name); !slices.Equal(view, got) {
+					t.Errorf("bitmap %s read from the file: %v, qemu says %v", name, view, got)
 				}
 			}
 		})
@@ -167,4 +181,21 @@ func TestBitmapsAfterCrash(t *testing.T) {
 	if out, err := exec.Command("qemu-img", "check", crashed).CombinedOutput(); err != nil {
 		t.Logf("qemu-img check of the crashed image: %v\n%s", err, out)
 	}
+}
+
+// viewRanges lists the dirty ranges of a BitmapView.
+func viewRanges(t *testing.T, img *qcow2.Image, name string) [][2]int64 {
+	t.Helper()
+	v, err := img.BitmapView(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	var out [][2]int64
+	for off := v.NextDirty(0); off < v.Size(); off = v.NextDirty(off) {
+		end := v.NextClean(off)
+		out = append(out, [2]int64{off, end})
+		off = end
+	}
+	return out
 }

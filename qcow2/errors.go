@@ -44,6 +44,9 @@ var (
 	ErrReadOnly = errors.New("image is read-only")
 	// ErrNoSpace is returned for writes past the end of the virtual disk.
 	ErrNoSpace = errors.New("write past the end of the disk")
+	// ErrNoBitmap is wrapped by the error of a view of a persistent
+	// bitmap the image does not have.
+	ErrNoBitmap = errors.New("no such bitmap")
 	// ErrKey is wrapped by the error of an encrypted image that could not
 	// be unlocked: no passphrase, or a wrong one (KeyError).
 	ErrKey = errors.New("cannot unlock the encryption key")
