@@ -1,4 +1,4 @@
-package main
+package qemuimg
 
 import (
 	"bytes"
@@ -225,8 +225,10 @@ func (o *qobject) dump(w io.Writer, indent int) {
 	}
 }
 
-// printQemuJSON prints v as qemu-img prints its JSON.
-func printQemuJSON(w io.Writer, v any) error {
+// WriteJSON prints v (what encoding/json would print: a qcow2.Info, a
+// RawInfo, a list of them, a qcow2.CheckResult) as qemu-img prints its
+// JSON.
+func WriteJSON(w io.Writer, v any) error {
 	o, err := toQobject(v)
 	if err != nil {
 		return err
