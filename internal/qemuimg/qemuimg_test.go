@@ -13,8 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -285,16 +283,6 @@ func images(t *testing.T, dir string) []qemu.Image {
 	return images
 }
 
-// qemuMajor is the installed qemu-img's major version.
-func qemuMajor(t *testing.T) int {
-	m := regexp.MustCompile(`version (\d+)\.`).FindStringSubmatch(qemuImg(t, "--version").stdout)
-	if m == nil {
-		t.Fatal("qemu-img --version says no version")
-	}
-	n, _ := strconv.Atoi(m[1])
-	return n
-}
-
 // dropCache drops the page cache of path: qemu's block status asks
 // lseek(SEEK_DATA), which on ext4 counts cached pages over unwritten
 // extents as data, where qcow2 asks FIEMAP; so that whatever read the
@@ -328,7 +316,7 @@ func TestMatchesQemu(t *testing.T) {
 	damaged := filepath.Join(dir, "damaged")
 	must(t, os.Mkdir(damaged, 0o755))
 	broken := qemu.Damaged(t, damaged)
-	withInfo := qemuMajor(t) < 8
+	withInfo := qemu.Major(t) < 8
 	if !withInfo {
 		t.Log("qemu 8.0 and later describe the protocol node, which qcowfs has not: info is not compared")
 	}
