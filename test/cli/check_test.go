@@ -1,7 +1,6 @@
-package test
+package cli
 
 import (
-	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -11,21 +10,9 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
-
-// checkJSON runs a checker (qemu-img or qcowfs) with --output=json and
-// returns its decoded output and exit status.
-func checkJSON(t *testing.T, name string, args ...string) (map[string]any, int) {
-	t.Helper()
-	cmd := exec.Command(name, append([]string{"check", "--output=json"}, args...)...)
-	out, err := cmd.Output()
-	var m map[string]any
-	if jerr := json.Unmarshal(out, &m); jerr != nil {
-		t.Fatalf("%s check %v: %v; output %q", name, args, err, out)
-	}
-	return m, exitCode(err)
-}
 
 // checkImages is the matrix plus images the check must cover: snapshots
 // (in the matrix), persistent bitmaps with dirty bits, compressed
@@ -47,10 +34,12 @@ func TestCheckMatchesQemu(t *testing.T) {
 	dir := qemu.TempDir(t)
 	for _, im := range checkImages(t, dir) {
 		t.Run(im.Name, func(t *testing.T) {
-			want, wantCode := checkJSON(t, "qemu-img", im.Path)
-			got, gotCode := checkJSON(t, qcowfsBin, im.Path)
-			if !reflect.DeepEqual(got, want) || gotCode != wantCode {
-				t.Errorf("qcowfs check (exit %d):\n%v\nqemu-img check (exit %d):\n%v", gotCode, got, wantCode, want)
+			q, us := harness.Both(t, dir, "check", "--output=json", im.Path)
+			var want, got map[string]any
+			q.JSON(t, &want)
+			us.JSON(t, &got)
+			if !reflect.DeepEqual(got, want) || us.Code != q.Code {
+				t.Errorf("qcowfs check (exit %d):\n%v\nqemu-img check (exit %d):\n%v", us.Code, got, q.Code, want)
 			}
 		})
 	}
@@ -62,22 +51,22 @@ func TestCheckMatchesQemu(t *testing.T) {
 // exit status. Reading the damaged range through the mount must fail with
 // EIO where it would otherwise hand out metadata.
 func TestCheckDamaged(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	const cs = 65536
 	for _, im := range qemu.Damaged(t, src) {
 		t.Run(im.Name, func(t *testing.T) {
-			if c := cliRunCmd(t, exec.Command("qemu-img", "check", im.Path)); c.code == 0 {
-				t.Fatalf("qemu-img check finds nothing wrong with %s: %s", im.Name, c.stdout)
+			if c := harness.RunCmd(t, exec.Command("qemu-img", "check", im.Path)); c.Code == 0 {
+				t.Fatalf("qemu-img check finds nothing wrong with %s: %s", im.Name, c.Stdout)
 			}
 			for _, out := range []string{"human", "json"} {
 				args := []string{"check", "--output=" + out, im.Path}
-				q, us := cliBoth(t, src, args...)
-				cliSameAsQemu(t, strings.Join(args, " "), q, us)
+				q, us := harness.Both(t, src, args...)
+				harness.SameAsQemu(t, strings.Join(args, " "), q, us)
 			}
 		})
 	}
-	m := mountImages(t, src, "--allow-corrupt")
+	m := harness.Mount(t, src, "--allow-corrupt")
 	// Cluster 2 of l2-into-l1 points into the L1 table: reading it must
 	// fail rather than return the table's bytes as guest data.
 	f, err := os.Open(filepath.Join(m.Dir, "l2-into-l1.raw"))

@@ -1,4 +1,4 @@
-package test
+package cli
 
 // Command line tests: the daemon and foreground mounts, signals, unmount.
 
@@ -19,58 +19,59 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
 // TestCLIDaemonReady: "qcowfs mount" returns only once the mount is live.
 // The checks right after it returns do not poll: the mount must be there.
 func TestCLIDaemonReady(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := t.TempDir()
-	img, raw := cliImage(t, src, "vm")
+	img, raw := smallImage(t, src, "vm")
 	logFile := filepath.Join(t.TempDir(), "qcowfs.log")
 	for i, source := range []string{src, src, img, img} {
 		mnt := t.TempDir()
-		cliCleanup(t, mnt)
-		r := cliRun(t, "mount", "--log-file", logFile, source, mnt)
-		cliWantOK(t, "qcowfs mount", r)
-		if r.stdout != "" || r.stderr != "" {
-			t.Errorf("qcowfs mount printed %q, %q; want silence", r.stdout, r.stderr)
+		harness.Cleanup(t, mnt)
+		r := harness.Run(t, "mount", "--log-file", logFile, source, mnt)
+		harness.WantOK(t, "qcowfs mount", r)
+		if r.Stdout != "" || r.Stderr != "" {
+			t.Errorf("qcowfs mount printed %q, %q; want silence", r.Stdout, r.Stderr)
 		}
-		m := cliMountAt(t, mnt)
+		m := harness.MountAt(t, mnt)
 		if m == nil || m.FSType != "fuse.qcowfs" {
 			t.Fatalf("round %d: right after qcowfs mount returned, %s is mounted as %+v, want fuse.qcowfs", i, mnt, m)
 		}
 		if m.Source != source {
 			t.Errorf("mount source %q, want %q", m.Source, source)
 		}
-		sameFile(t, filepath.Join(mnt, "vm.raw"), raw)
-		cliWantOK(t, "qcowfs unmount", cliRun(t, "unmount", mnt))
-		if cliMountAt(t, mnt) != nil {
+		harness.SameFile(t, filepath.Join(mnt, "vm.raw"), raw)
+		harness.WantOK(t, "qcowfs unmount", harness.Run(t, "unmount", mnt))
+		if harness.MountAt(t, mnt) != nil {
 			t.Fatalf("%s still mounted after qcowfs unmount returned", mnt)
 		}
-		cliWaitGone(t, mnt)
+		harness.WaitGone(t, mnt)
 	}
 }
 
-// A cliForeground is a "qcowfs mount --foreground" process.
-type cliForeground struct {
+// A foreground is a "qcowfs mount --foreground" process.
+type foreground struct {
 	cmd  *exec.Cmd
 	done chan struct{}
 	err  error  // Wait's result, once done is closed
 	log  string // its stderr
 }
 
-func cliStartForeground(t testing.TB, src, mnt string) *cliForeground {
+func startForeground(t testing.TB, src, mnt string) *foreground {
 	t.Helper()
-	cliCleanup(t, mnt)
-	p := &cliForeground{done: make(chan struct{}), log: filepath.Join(t.TempDir(), "stderr")}
+	harness.Cleanup(t, mnt)
+	p := &foreground{done: make(chan struct{}), log: filepath.Join(t.TempDir(), "stderr")}
 	logf, err := os.Create(p.log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	p.cmd = exec.Command(qcowfsBin, "mount", "--foreground", "--log-level", "debug", src, mnt)
+	p.cmd = exec.Command(harness.Bin(), "mount", "--foreground", "--log-level", "debug", src, mnt)
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -85,17 +86,17 @@ func cliStartForeground(t testing.TB, src, mnt string) *cliForeground {
 			<-p.done
 		}
 	})
-	waitFor(t, "the foreground mount", 10*time.Second, func() bool { return isMounted(mnt) || p.exited() })
+	harness.WaitFor(t, "the foreground mount", 10*time.Second, func() bool { return harness.IsMounted(mnt) || p.exited() })
 	if p.exited() {
 		t.Fatalf("qcowfs mount --foreground exited: %v\n%s", p.err, p.stderr(t))
 	}
-	if m := cliMountAt(t, mnt); m.FSType != "fuse.qcowfs" {
+	if m := harness.MountAt(t, mnt); m.FSType != "fuse.qcowfs" {
 		t.Fatalf("%s mounted as %s", mnt, m.FSType)
 	}
 	return p
 }
 
-func (p *cliForeground) exited() bool {
+func (p *foreground) exited() bool {
 	select {
 	case <-p.done:
 		return true
@@ -104,13 +105,13 @@ func (p *cliForeground) exited() bool {
 	}
 }
 
-func (p *cliForeground) stderr(t testing.TB) string {
+func (p *foreground) stderr(t testing.TB) string {
 	b, _ := os.ReadFile(p.log)
 	return string(b)
 }
 
 // wait waits for the process to exit and checks that it exited 0.
-func (p *cliForeground) wait(t testing.TB, why string) {
+func (p *foreground) wait(t testing.TB, why string) {
 	t.Helper()
 	select {
 	case <-p.done:
@@ -125,19 +126,19 @@ func (p *cliForeground) wait(t testing.TB, why string) {
 // TestForegroundSignals: SIGTERM and SIGINT unmount and end a foreground
 // mount with status 0, even while a file is held open.
 func TestForegroundSignals(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := t.TempDir()
-	_, raw := cliImage(t, src, "vm")
+	_, raw := smallImage(t, src, "vm")
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		t.Run(sig.String(), func(t *testing.T) {
 			mnt := t.TempDir()
-			p := cliStartForeground(t, src, mnt)
-			sameFile(t, filepath.Join(mnt, "vm.raw"), raw)
+			p := startForeground(t, src, mnt)
+			harness.SameFile(t, filepath.Join(mnt, "vm.raw"), raw)
 			if err := p.cmd.Process.Signal(sig); err != nil {
 				t.Fatal(err)
 			}
 			p.wait(t, sig.String())
-			if isMounted(mnt) {
+			if harness.IsMounted(mnt) {
 				t.Fatalf("%s still mounted after qcowfs exited", mnt)
 			}
 		})
@@ -145,7 +146,7 @@ func TestForegroundSignals(t *testing.T) {
 
 	t.Run("busy", func(t *testing.T) {
 		mnt := t.TempDir()
-		p := cliStartForeground(t, src, mnt)
+		p := startForeground(t, src, mnt)
 		f, err := os.Open(filepath.Join(mnt, "vm.raw"))
 		if err != nil {
 			t.Fatal(err)
@@ -154,7 +155,7 @@ func TestForegroundSignals(t *testing.T) {
 		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the busy mount to be detached", 10*time.Second, func() bool { return !isMounted(mnt) })
+		harness.WaitFor(t, "the busy mount to be detached", 10*time.Second, func() bool { return !harness.IsMounted(mnt) })
 		// Detached, but the open file still reads, served by the
 		// process, which must keep running until it is closed.
 		want, err := os.ReadFile(raw)
@@ -176,71 +177,71 @@ func TestForegroundSignals(t *testing.T) {
 // TestUnmount: "qcowfs unmount" unmounts qcowfs mounts and refuses
 // anything else.
 func TestUnmount(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := t.TempDir()
-	cliImage(t, src, "vm")
+	smallImage(t, src, "vm")
 
 	t.Run("qcowfs", func(t *testing.T) {
-		m := mountImages(t, src)
-		cliCleanup(t, m.Dir)
-		if len(cliDaemons(t, m.Dir)) != 1 {
-			t.Fatalf("want one daemon for %s, have %v", m.Dir, cliDaemons(t, m.Dir))
+		m := harness.Mount(t, src)
+		harness.Cleanup(t, m.Dir)
+		if len(harness.Daemons(t, m.Dir)) != 1 {
+			t.Fatalf("want one daemon for %s, have %v", m.Dir, harness.Daemons(t, m.Dir))
 		}
-		r := cliRun(t, "unmount", m.Dir)
-		cliWantOK(t, "qcowfs unmount", r)
-		if r.stdout != "" || r.stderr != "" {
-			t.Errorf("qcowfs unmount printed %q, %q; want silence", r.stdout, r.stderr)
+		r := harness.Run(t, "unmount", m.Dir)
+		harness.WantOK(t, "qcowfs unmount", r)
+		if r.Stdout != "" || r.Stderr != "" {
+			t.Errorf("qcowfs unmount printed %q, %q; want silence", r.Stdout, r.Stderr)
 		}
-		if isMounted(m.Dir) {
+		if harness.IsMounted(m.Dir) {
 			t.Fatalf("%s still mounted after qcowfs unmount", m.Dir)
 		}
-		cliWaitGone(t, m.Dir)
+		harness.WaitGone(t, m.Dir)
 	})
 
 	t.Run("relative_path_and_umount_alias", func(t *testing.T) {
-		m := mountImages(t, src)
-		cliCleanup(t, m.Dir)
-		cmd := exec.Command(qcowfsBin, "umount", filepath.Base(m.Dir))
+		m := harness.Mount(t, src)
+		harness.Cleanup(t, m.Dir)
+		cmd := exec.Command(harness.Bin(), "umount", filepath.Base(m.Dir))
 		cmd.Dir = filepath.Dir(m.Dir)
-		cliWantOK(t, "qcowfs umount DIR (relative)", cliRunCmd(t, cmd))
-		if isMounted(m.Dir) {
+		harness.WantOK(t, "qcowfs umount DIR (relative)", harness.RunCmd(t, cmd))
+		if harness.IsMounted(m.Dir) {
 			t.Fatalf("%s still mounted", m.Dir)
 		}
-		cliWaitGone(t, m.Dir)
+		harness.WaitGone(t, m.Dir)
 	})
 
 	t.Run("busy", func(t *testing.T) {
-		m := mountImages(t, src)
-		cliCleanup(t, m.Dir)
+		m := harness.Mount(t, src)
+		harness.Cleanup(t, m.Dir)
 		f, err := os.Open(filepath.Join(m.Dir, "vm.raw"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer f.Close()
-		cliWantError(t, "qcowfs unmount (busy)", cliRun(t, "unmount", m.Dir), "busy", "--lazy")
-		if !isMounted(m.Dir) {
+		harness.WantError(t, "qcowfs unmount (busy)", harness.Run(t, "unmount", m.Dir), "busy", "--lazy")
+		if !harness.IsMounted(m.Dir) {
 			t.Fatalf("a refused unmount unmounted %s", m.Dir)
 		}
-		cliWantOK(t, "qcowfs unmount --lazy", cliRun(t, "unmount", "--lazy", m.Dir))
-		if isMounted(m.Dir) {
+		harness.WantOK(t, "qcowfs unmount --lazy", harness.Run(t, "unmount", "--lazy", m.Dir))
+		if harness.IsMounted(m.Dir) {
 			t.Fatalf("%s still mounted after unmount --lazy", m.Dir)
 		}
 		f.Close()
-		cliWaitGone(t, m.Dir)
+		harness.WaitGone(t, m.Dir)
 	})
 
 	t.Run("not_a_mount", func(t *testing.T) {
 		dir := t.TempDir()
-		cliWantError(t, "qcowfs unmount (not mounted)", cliRun(t, "unmount", dir), dir, "not mounted")
+		harness.WantError(t, "qcowfs unmount (not mounted)", harness.Run(t, "unmount", dir), dir, "not mounted")
 		missing := filepath.Join(dir, "nosuch")
-		cliWantError(t, "qcowfs unmount (missing)", cliRun(t, "unmount", missing), missing, "not mounted")
+		harness.WantError(t, "qcowfs unmount (missing)", harness.Run(t, "unmount", missing), missing, "not mounted")
 	})
 
 	t.Run("tmpfs", func(t *testing.T) {
 		dir := t.TempDir()
-		cliTmpfs(t, dir)
-		cliWantError(t, "qcowfs unmount (tmpfs)", cliRun(t, "unmount", dir), dir, "tmpfs", "not a qcowfs")
-		if m := cliMountAt(t, dir); m == nil || m.FSType != "tmpfs" {
+		mountTmpfs(t, dir)
+		harness.WantError(t, "qcowfs unmount (tmpfs)", harness.Run(t, "unmount", dir), dir, "tmpfs", "not a qcowfs")
+		if m := harness.MountAt(t, dir); m == nil || m.FSType != "tmpfs" {
 			t.Fatalf("the tmpfs on %s is gone: %+v", dir, m)
 		}
 	})
@@ -251,27 +252,27 @@ func TestUnmount(t *testing.T) {
 // exits 0; qcowfs status says the same, and the mount's facts, in both
 // formats, over the daemon's control socket (mode 0600).
 func TestMountReportsRefused(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := t.TempDir()
-	_, goodRaw := cliImage(t, src, "good")
+	_, goodRaw := smallImage(t, src, "good")
 	outside := t.TempDir()
-	over, _ := cliChainOutside(t, src, outside)
+	over, _ := chainOutside(t, src, outside)
 	corrupt := filepath.Join(src, "sub", "corrupt.qcow2")
-	cliMkdir(t, src, "sub")
+	mkdir(t, src, "sub")
 	qemu.Create(t, "qcow2", corrupt, "1M")
 	qemu.SetIncompatible(t, corrupt, 2)
-	locked, _ := cliImage(t, src, "locked")
-	holdOpen(t, locked)
+	locked, _ := smallImage(t, src, "locked")
+	qemu.HoldOpen(t, locked)
 	want := map[string]string{over: "--allow-backing-outside=" + outside, corrupt: "--allow-corrupt", locked: "--force-share"}
 
 	mnt := t.TempDir()
-	cliCleanup(t, mnt)
+	harness.Cleanup(t, mnt)
 	logFile := filepath.Join(t.TempDir(), "log")
-	r := cliRun(t, "mount", "--log-file", logFile, src, mnt)
-	cliWantOK(t, "qcowfs mount", r)
-	lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+	r := harness.Run(t, "mount", "--log-file", logFile, src, mnt)
+	harness.WantOK(t, "qcowfs mount", r)
+	lines := strings.Split(strings.TrimSuffix(r.Stderr, "\n"), "\n")
 	if len(lines) != len(want) {
-		t.Errorf("qcowfs mount printed %d lines, want one per refused image (%d):\n%s", len(lines), len(want), r.stderr)
+		t.Errorf("qcowfs mount printed %d lines, want one per refused image (%d):\n%s", len(lines), len(want), r.Stderr)
 	}
 	for img, flag := range want {
 		found := false
@@ -281,25 +282,25 @@ func TestMountReportsRefused(t *testing.T) {
 			}
 		}
 		if !found {
-			t.Errorf("no line says %s is not shown and names %s:\n%s", img, flag, r.stderr)
+			t.Errorf("no line says %s is not shown and names %s:\n%s", img, flag, r.Stderr)
 		}
 	}
-	sameFile(t, filepath.Join(mnt, "good.raw"), goodRaw)
+	harness.SameFile(t, filepath.Join(mnt, "good.raw"), goodRaw)
 
-	daemons := cliDaemons(t, mnt)
+	daemons := harness.Daemons(t, mnt)
 	if len(daemons) != 1 {
 		t.Fatalf("want one daemon, have %v", daemons)
 	}
-	r = cliRun(t, "status", "--output=json", mnt)
-	cliWantOK(t, "qcowfs status --output=json", r)
+	r = harness.Run(t, "status", "--output=json", mnt)
+	harness.WantOK(t, "qcowfs status --output=json", r)
 	var st struct {
 		Source, Mountpoint, Log string
 		PID                     int
 		Started                 time.Time
 		Refused                 []struct{ Image, Reason, Hint string }
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
-		t.Fatalf("qcowfs status --output=json: %v\n%s", err, r.stdout)
+	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
+		t.Fatalf("qcowfs status --output=json: %v\n%s", err, r.Stdout)
 	}
 	if st.Source != src || st.Mountpoint != mnt || st.PID != daemons[0] || st.Log != logFile || time.Since(st.Started) > time.Minute {
 		t.Errorf("qcowfs status: %+v; want source %s, mountpoint %s, pid %d, log %s, started just now", st, src, mnt, daemons[0], logFile)
@@ -312,47 +313,47 @@ func TestMountReportsRefused(t *testing.T) {
 			t.Errorf("qcowfs status: refused %+v; want one of %v with its flag", ref, want)
 		}
 	}
-	r = cliRun(t, "status", mnt)
-	cliWantOK(t, "qcowfs status", r)
+	r = harness.Run(t, "status", mnt)
+	harness.WantOK(t, "qcowfs status", r)
 	for _, w := range []string{"source:      " + src, "mount point: " + mnt, fmt.Sprintf("pid %d", daemons[0]), "not shown:   3 images", over} {
-		if !strings.Contains(r.stdout, w) {
-			t.Errorf("qcowfs status does not say %q:\n%s", w, r.stdout)
+		if !strings.Contains(r.Stdout, w) {
+			t.Errorf("qcowfs status does not say %q:\n%s", w, r.Stdout)
 		}
 	}
 	// The socket is the owner's only.
-	sock := filepath.Join("/run/qcowfs", cliEscape(mnt)+".sock")
+	sock := filepath.Join("/run/qcowfs", harness.Escape(mnt)+".sock")
 	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o600 || fi.Mode()&os.ModeSocket == 0 {
 		t.Errorf("control socket %s: %v, %v; want a socket of mode 0600", sock, fi.Mode(), err)
 	}
-	cliWantOK(t, "qcowfs unmount", cliRun(t, "unmount", mnt))
-	cliWaitGone(t, mnt)
+	harness.WantOK(t, "qcowfs unmount", harness.Run(t, "unmount", mnt))
+	harness.WaitGone(t, mnt)
 	if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("control socket %s left behind after unmount: %v", sock, err)
 	}
-	cliWantError(t, "qcowfs status (unmounted)", cliRun(t, "status", mnt), mnt, "not mounted")
+	harness.WantError(t, "qcowfs status (unmounted)", harness.Run(t, "status", mnt), mnt, "not mounted")
 	tmpfs := t.TempDir()
-	cliTmpfs(t, tmpfs)
-	cliWantError(t, "qcowfs status (tmpfs)", cliRun(t, "status", tmpfs), "not a qcowfs")
+	mountTmpfs(t, tmpfs)
+	harness.WantError(t, "qcowfs status (tmpfs)", harness.Run(t, "status", tmpfs), "not a qcowfs")
 }
 
 // TestDaemonLogFallback: without syslog the daemon logs to
 // /run/qcowfs/MNT.log and says so once at mount time; SIGHUP reopens the
 // file (logrotate moves it away first).
 func TestDaemonLogFallback(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	if _, err := os.Stat("/dev/log"); err == nil {
 		t.Skip("this machine has syslog (/dev/log): the daemon logs there")
 	}
 	src := t.TempDir()
-	cliImage(t, src, "vm")
+	smallImage(t, src, "vm")
 	mnt := t.TempDir()
-	cliCleanup(t, mnt)
-	logFile := filepath.Join("/run/qcowfs", cliEscape(mnt)+".log")
+	harness.Cleanup(t, mnt)
+	logFile := filepath.Join("/run/qcowfs", harness.Escape(mnt)+".log")
 	os.Remove(logFile)
-	r := cliRun(t, "mount", src, mnt)
-	cliWantOK(t, "qcowfs mount", r)
-	if want := "qcowfs: no syslog (/dev/log): the log is in " + logFile + "\n"; r.stderr != want {
-		t.Errorf("qcowfs mount said %q, want %q", r.stderr, want)
+	r := harness.Run(t, "mount", src, mnt)
+	harness.WantOK(t, "qcowfs mount", r)
+	if want := "qcowfs: no syslog (/dev/log): the log is in " + logFile + "\n"; r.Stderr != want {
+		t.Errorf("qcowfs mount said %q, want %q", r.Stderr, want)
 	}
 	b, err := os.ReadFile(logFile)
 	if err != nil || !strings.Contains(string(b), "msg=mounted") || !strings.Contains(string(b), "mountpoint="+mnt) {
@@ -363,17 +364,17 @@ func TestDaemonLogFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.Remove(rotated); os.Remove(logFile) })
-	daemons := cliDaemons(t, mnt)
+	daemons := harness.Daemons(t, mnt)
 	if len(daemons) != 1 {
 		t.Fatalf("want one daemon, have %v", daemons)
 	}
 	syscall.Kill(daemons[0], syscall.SIGHUP)
-	waitFor(t, "the daemon to reopen its log", 10*time.Second, func() bool {
+	harness.WaitFor(t, "the daemon to reopen its log", 10*time.Second, func() bool {
 		b, _ := os.ReadFile(logFile)
 		return strings.Contains(string(b), "log file reopened")
 	})
-	cliWantOK(t, "qcowfs unmount", cliRun(t, "unmount", mnt))
-	cliWaitGone(t, mnt)
+	harness.WantOK(t, "qcowfs unmount", harness.Run(t, "unmount", mnt))
+	harness.WaitGone(t, mnt)
 	now, _ := os.ReadFile(logFile)
 	old, _ := os.ReadFile(rotated)
 	if !strings.Contains(string(now), "msg=unmounted") || strings.Contains(string(old), "msg=unmounted") {
@@ -385,127 +386,33 @@ func TestDaemonLogFallback(t *testing.T) {
 // dead ("Transport endpoint is not connected"); qcowfs unmount -z clears
 // it, as the README says, and the folder mounts again.
 func TestKilledDaemonRecovery(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := t.TempDir()
-	_, raw := cliImage(t, src, "vm")
+	_, raw := smallImage(t, src, "vm")
 	mnt := t.TempDir()
-	cliCleanup(t, mnt)
+	harness.Cleanup(t, mnt)
 	logFile := filepath.Join(t.TempDir(), "log")
-	cliWantOK(t, "qcowfs mount", cliRun(t, "mount", "--log-file", logFile, src, mnt))
-	daemons := cliDaemons(t, mnt)
+	harness.WantOK(t, "qcowfs mount", harness.Run(t, "mount", "--log-file", logFile, src, mnt))
+	daemons := harness.Daemons(t, mnt)
 	if len(daemons) != 1 {
 		t.Fatalf("want one daemon, have %v", daemons)
 	}
 	syscall.Kill(daemons[0], syscall.SIGKILL)
-	cliWaitGone(t, mnt)
+	harness.WaitGone(t, mnt)
 	// (A request the kernel had queued when the connection died fails
 	// with ECONNABORTED instead.)
 	if _, err := os.Stat(filepath.Join(mnt, "vm.raw")); !errors.Is(err, syscall.ENOTCONN) && !errors.Is(err, syscall.ECONNABORTED) {
 		t.Fatalf("stat in the dead mount: %v, want ENOTCONN", err)
 	}
-	cliWantError(t, "qcowfs mount on the dead mount", cliRun(t, "mount", src, mnt), "already a mount point", "qcowfs unmount")
-	cliWantOK(t, "qcowfs unmount -z", cliRun(t, "unmount", "-z", mnt))
-	if cliMountAt(t, mnt) != nil {
+	harness.WantError(t, "qcowfs mount on the dead mount", harness.Run(t, "mount", src, mnt), "already a mount point", "qcowfs unmount")
+	harness.WantOK(t, "qcowfs unmount -z", harness.Run(t, "unmount", "-z", mnt))
+	if harness.MountAt(t, mnt) != nil {
 		t.Fatalf("%s still mounted after qcowfs unmount -z", mnt)
 	}
-	cliWantOK(t, "qcowfs mount again", cliRun(t, "mount", "--log-file", logFile, src, mnt))
-	sameFile(t, filepath.Join(mnt, "vm.raw"), raw)
-	cliWantOK(t, "qcowfs unmount", cliRun(t, "unmount", mnt))
-	cliWaitGone(t, mnt)
-}
-
-// cliOpenImage is one entry of qcowfs status --output=json's open images.
-type cliOpenImage struct {
-	Image          string `json:"image"`
-	Handles        int    `json:"handles"`
-	Writers        int    `json:"writers"`
-	OpenForWriting bool   `json:"open-for-writing"`
-	Locks          struct {
-		Held      []string `json:"held"`
-		NotShared []string `json:"not-shared"`
-	} `json:"locks"`
-	ReadRequests int64 `json:"read-requests"`
-	ReadBytes    int64 `json:"read-bytes"`
-	cliErrors
-}
-
-// cliErrors are the failed requests qcowfs status counts, of one image or
-// of all.
-type cliErrors struct {
-	ReadErrors  int64 `json:"read-errors"`
-	WriteErrors int64 `json:"write-errors"`
-	LastError   *struct {
-		Time   time.Time `json:"time"`
-		Image  string    `json:"image"`
-		Op     string    `json:"op"`
-		Offset int64     `json:"offset"`
-		Error  string    `json:"error"`
-	} `json:"last-error"`
-}
-
-// cliStatus is what the tests read of qcowfs status --output=json.
-type cliStatus struct {
-	Writable  bool   `json:"writable"`
-	Overlay   string `json:"overlay"`
-	CacheMode string `json:"cache-mode"`
-	Refused   []struct{ Image, Reason, Hint string }
-	Images    struct {
-		Open []cliOpenImage `json:"open-images"`
-		cliErrors
-	} `json:"images"`
-}
-
-// cliStatusJSON runs qcowfs status --output=json; every key of its answer
-// must be in one style, kebab-case (cliKebabKeys).
-func cliStatusJSON(t testing.TB, mnt string) (cliStatus, string) {
-	t.Helper()
-	r := cliRun(t, "status", "--output=json", mnt)
-	cliWantOK(t, "qcowfs status --output=json", r)
-	var st cliStatus
-	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
-		t.Fatalf("qcowfs status --output=json: %v\n%s", err, r.stdout)
-	}
-	cliKebabKeys(t, r.stdout)
-	return st, r.stdout
-}
-
-// cliKebabKeys fails t if a key of the JSON object out (at any depth) is
-// not kebab-case: lower case letters and digits, words joined by "-".
-func cliKebabKeys(t testing.TB, out string) {
-	t.Helper()
-	var v any
-	if err := json.Unmarshal([]byte(out), &v); err != nil {
-		t.Fatalf("not JSON: %v\n%s", err, out)
-	}
-	kebab := regexp.MustCompile(`^[a-z0-9]+(-[a-z0-9]+)*$`)
-	var walk func(path string, v any)
-	walk = func(path string, v any) {
-		switch v := v.(type) {
-		case map[string]any:
-			for k, x := range v {
-				if !kebab.MatchString(k) {
-					t.Errorf("qcowfs status --output=json: key %s.%s is not kebab-case", path, k)
-				}
-				walk(path+"."+k, x)
-			}
-		case []any:
-			for i, x := range v {
-				walk(fmt.Sprintf("%s[%d]", path, i), x)
-			}
-		}
-	}
-	walk("", v)
-}
-
-// openEntry returns the open image img of st (its current state, not a
-// snapshot: the test opens no snapshot), or nil.
-func (st cliStatus) openEntry(img string) *cliOpenImage {
-	for i := range st.Images.Open {
-		if st.Images.Open[i].Image == img {
-			return &st.Images.Open[i]
-		}
-	}
-	return nil
+	harness.WantOK(t, "qcowfs mount again", harness.Run(t, "mount", "--log-file", logFile, src, mnt))
+	harness.SameFile(t, filepath.Join(mnt, "vm.raw"), raw)
+	harness.WantOK(t, "qcowfs unmount", harness.Run(t, "unmount", mnt))
+	harness.WaitGone(t, mnt)
 }
 
 // TestStatusCounters: qcowfs status, in both formats, lists the images
@@ -515,7 +422,7 @@ func (st cliStatus) openEntry(img string) *cliOpenImage {
 // at least one; once the files are closed, the image is no longer open.
 // The images it refuses are listed with their reason, each named once.
 func TestStatusCounters(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	// Large enough that the kernel's readahead after the first read
 	// does not reach the second.
@@ -527,11 +434,11 @@ func TestStatusCounters(t *testing.T) {
 	qemu.Create(t, "qcow2", corrupt, "1M")
 	qemu.SetIncompatible(t, corrupt, 2)
 	mnt := t.TempDir()
-	cliCleanup(t, mnt)
-	cliWantOK(t, "qcowfs mount", cliRun(t, "mount", "--log-file", filepath.Join(t.TempDir(), "log"), src, mnt))
+	harness.Cleanup(t, mnt)
+	harness.WantOK(t, "qcowfs mount", harness.Run(t, "mount", "--log-file", filepath.Join(t.TempDir(), "log"), src, mnt))
 
-	st, out := cliStatusJSON(t, mnt)
-	if e := st.openEntry(img); e != nil && e.Handles != 0 {
+	st, out := harness.StatusOf(t, mnt)
+	if e := st.OpenEntry(img); e != nil && e.Handles != 0 {
 		t.Errorf("before any open, status says %s has %d open files:\n%s", img, e.Handles, out)
 	}
 	if len(st.Refused) != 1 || st.Refused[0].Image != corrupt || !strings.Contains(st.Refused[0].Reason, "corrupt bit set") ||
@@ -565,8 +472,8 @@ func TestStatusCounters(t *testing.T) {
 	defer f1.Close()
 	const n1 = 1<<20 + 12345
 	readAt(f1, 0, n1)
-	st, out = cliStatusJSON(t, mnt)
-	e1 := st.openEntry(img)
+	st, out = harness.StatusOf(t, mnt)
+	e1 := st.OpenEntry(img)
 	if e1 == nil || e1.Handles != 1 || e1.ReadRequests < 1 || e1.ReadBytes < n1 {
 		t.Fatalf("after reading %d bytes through one open file, status says %+v; want 1 handle, at least one read and %d bytes:\n%s", n1, e1, n1, out)
 	}
@@ -580,41 +487,41 @@ func TestStatusCounters(t *testing.T) {
 	defer f2.Close()
 	const off2, n2 = 200<<20 - 4096, 512 << 10
 	readAt(f2, off2, n2)
-	st, out = cliStatusJSON(t, mnt)
-	e2 := st.openEntry(img)
+	st, out = harness.StatusOf(t, mnt)
+	e2 := st.OpenEntry(img)
 	if e2 == nil || e2.Handles != 2 || e2.ReadRequests <= e1.ReadRequests || e2.ReadBytes < e1.ReadBytes+n2 {
 		t.Fatalf("after %d more bytes through a second open file, status says %+v (before: %+v); want 2 handles, more reads, %d bytes more:\n%s", n2, e2, e1, n2, out)
 	}
 
 	// The human form says the same.
-	r := cliRun(t, "status", mnt)
-	cliWantOK(t, "qcowfs status", r)
-	line := regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(img) + `: (\d+) handles?, (\d+) reads?, (\d+) bytes?$`).FindStringSubmatch(r.stdout)
-	if !strings.Contains(r.stdout, "mode:        read-only\n") || !strings.Contains(r.stdout, "errors:      0 reads, 0 writes failed since mount\n") {
-		t.Errorf("qcowfs status of a read-only mount without errors does not say so:\n%s", r.stdout)
+	r := harness.Run(t, "status", mnt)
+	harness.WantOK(t, "qcowfs status", r)
+	line := regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(img) + `: (\d+) handles?, (\d+) reads?, (\d+) bytes?$`).FindStringSubmatch(r.Stdout)
+	if !strings.Contains(r.Stdout, "mode:        read-only\n") || !strings.Contains(r.Stdout, "errors:      0 reads, 0 writes failed since mount\n") {
+		t.Errorf("qcowfs status of a read-only mount without errors does not say so:\n%s", r.Stdout)
 	}
 	if st.Writable || st.CacheMode != "" {
 		t.Errorf("qcowfs status --output=json of a read-only mount: writable %v, cache mode %q", st.Writable, st.CacheMode)
 	}
-	if !strings.Contains(r.stdout, "open:        1 image\n") || line == nil {
-		t.Fatalf("qcowfs status does not list %s as the one open image, with handles, reads and bytes:\n%s", img, r.stdout)
+	if !strings.Contains(r.Stdout, "open:        1 image\n") || line == nil {
+		t.Fatalf("qcowfs status does not list %s as the one open image, with handles, reads and bytes:\n%s", img, r.Stdout)
 	}
 	if h, _ := strconv.Atoi(line[1]); h != 2 {
-		t.Errorf("qcowfs status says %s handles, want 2:\n%s", line[1], r.stdout)
+		t.Errorf("qcowfs status says %s handles, want 2:\n%s", line[1], r.Stdout)
 	}
 	if b, _ := strconv.ParseInt(line[3], 10, 64); b < e2.ReadBytes {
-		t.Errorf("qcowfs status says %d bytes, fewer than the %d of the JSON status before it:\n%s", b, e2.ReadBytes, r.stdout)
+		t.Errorf("qcowfs status says %d bytes, fewer than the %d of the JSON status before it:\n%s", b, e2.ReadBytes, r.Stdout)
 	}
-	if !strings.Contains(r.stdout, "  "+corrupt+": corrupt bit set") || strings.Count(r.stdout, corrupt) != 1 {
-		t.Errorf("qcowfs status does not name %s once with its reason:\n%s", corrupt, r.stdout)
+	if !strings.Contains(r.Stdout, "  "+corrupt+": corrupt bit set") || strings.Count(r.Stdout, corrupt) != 1 {
+		t.Errorf("qcowfs status does not name %s once with its reason:\n%s", corrupt, r.Stdout)
 	}
 
 	// Closed: FUSE sends RELEASE after close returns.
 	f1.Close()
 	f2.Close()
-	waitFor(t, "the image to be closed after its files are", 5*time.Second, func() bool {
-		st, _ := cliStatusJSON(t, mnt)
-		return st.openEntry(img) == nil
+	harness.WaitFor(t, "the image to be closed after its files are", 5*time.Second, func() bool {
+		st, _ := harness.StatusOf(t, mnt)
+		return st.OpenEntry(img) == nil
 	})
 }
 
@@ -627,7 +534,7 @@ func TestStatusCounters(t *testing.T) {
 // an L2 entry places in the L1 table, a write that would land on the
 // refcount table (qemu.Damaged). Both formats; one key style in JSON.
 func TestStatusWritable(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	tmpl := qemu.TempDir(t)
 	src := qemu.TempDir(t)
 	for _, im := range qemu.Damaged(t, tmpl) {
@@ -641,9 +548,9 @@ func TestStatusWritable(t *testing.T) {
 	good := filepath.Join(src, "good.qcow2")
 	qemu.Create(t, "qcow2", good, "8M")
 	readBad, writeBad := filepath.Join(src, "readbad.qcow2"), filepath.Join(src, "writebad.qcow2")
-	m := mountImages(t, src, "--writable")
+	m := harness.Mount(t, src, "--writable")
 
-	st, out := cliStatusJSON(t, m.Dir)
+	st, out := harness.StatusOf(t, m.Dir)
 	if !st.Writable || st.CacheMode != "writeback" || st.Overlay != "" || st.Images.ReadErrors+st.Images.WriteErrors != 0 || st.Images.LastError != nil {
 		t.Errorf("qcowfs status of a fresh writable mount:\n%s", out)
 	}
@@ -685,8 +592,8 @@ func TestStatusWritable(t *testing.T) {
 		t.Errorf("qemu-io writing the image open for reading: %v %s; want qemu's lock error", err, out)
 	}
 
-	st, out = cliStatusJSON(t, m.Dir)
-	g, r, w := st.openEntry(good), st.openEntry(readBad), st.openEntry(writeBad)
+	st, out = harness.StatusOf(t, m.Dir)
+	g, r, w := st.OpenEntry(good), st.OpenEntry(readBad), st.OpenEntry(writeBad)
 	if g == nil || r == nil || w == nil {
 		t.Fatalf("qcowfs status does not list the three open images:\n%s", out)
 	}
@@ -699,25 +606,25 @@ func TestStatusWritable(t *testing.T) {
 	}
 	if r.ReadErrors < 1 || r.WriteErrors != 0 || r.LastError == nil || r.LastError.Op != "read" || r.LastError.Offset != 2*cs ||
 		!strings.Contains(r.LastError.Error, "overlaps the L1 table") {
-		t.Errorf("the image that failed a read: %+v, last error %+v", r.cliErrors, r.LastError)
+		t.Errorf("the image that failed a read: %+v, last error %+v", r.Errors, r.LastError)
 	}
 	if w.WriteErrors < 1 || w.ReadErrors != 0 || w.LastError == nil || w.LastError.Op != "write" || !strings.Contains(w.LastError.Error, "refcount table") {
-		t.Errorf("the image that failed a write: %+v, last error %+v", w.cliErrors, w.LastError)
+		t.Errorf("the image that failed a write: %+v, last error %+v", w.Errors, w.LastError)
 	}
 	if g.ReadErrors+g.WriteErrors != 0 {
-		t.Errorf("the good image has errors: %+v", g.cliErrors)
+		t.Errorf("the good image has errors: %+v", g.Errors)
 	}
-	all := st.Images.cliErrors
+	all := st.Images.Errors
 	if all.ReadErrors != r.ReadErrors || all.WriteErrors != w.WriteErrors || all.LastError == nil || all.LastError.Image != writeBad {
 		t.Errorf("the mount's errors: %+v, last %+v; want the images' added up, the last one writebad's", all, all.LastError)
 	}
 
 	// The same in words (a failed write may be tried again meanwhile:
 	// the counts are not compared).
-	h := cliRun(t, "status", m.Dir)
-	cliWantOK(t, "qcowfs status", h)
-	if !regexp.MustCompile(`(?m)^errors:      [1-9]\d* reads?, [1-9]\d* writes? failed since mount; last: write of ` + regexp.QuoteMeta(writeBad) + ` `).MatchString(h.stdout) {
-		t.Errorf("qcowfs status does not count the failed reads and writes, naming the last:\n%s", h.stdout)
+	h := harness.Run(t, "status", m.Dir)
+	harness.WantOK(t, "qcowfs status", h)
+	if !regexp.MustCompile(`(?m)^errors:      [1-9]\d* reads?, [1-9]\d* writes? failed since mount; last: write of ` + regexp.QuoteMeta(writeBad) + ` `).MatchString(h.Stdout) {
+		t.Errorf("qcowfs status does not count the failed reads and writes, naming the last:\n%s", h.Stdout)
 	}
 	for _, want := range []string{
 		"mode:        writable, writeback cache\n",
@@ -727,20 +634,20 @@ func TestStatusWritable(t *testing.T) {
 		fmt.Sprintf("    errors: %s, 0 writes failed since mount; last: read at %d (", plural(r.ReadErrors, "read"), 2*cs),
 		"    errors: 0 reads, 0 writes failed since mount\n",
 	} {
-		if !strings.Contains(h.stdout, want) {
-			t.Errorf("qcowfs status does not say %q:\n%s", want, h.stdout)
+		if !strings.Contains(h.Stdout, want) {
+			t.Errorf("qcowfs status does not say %q:\n%s", want, h.Stdout)
 		}
 	}
 
 	// Without the writeback cache, into overlays.
 	ov := filepath.Join(t.TempDir(), "ov")
-	m2 := mountImages(t, src, "--writable", "--no-writeback-cache", "--overlay", ov)
-	st, out = cliStatusJSON(t, m2.Dir)
+	m2 := harness.Mount(t, src, "--writable", "--no-writeback-cache", "--overlay", ov)
+	st, out = harness.StatusOf(t, m2.Dir)
 	if !st.Writable || st.CacheMode != "writethrough" || st.Overlay != ov {
 		t.Errorf("qcowfs status of a write-through overlay mount:\n%s", out)
 	}
-	if h := cliRun(t, "status", m2.Dir); !strings.Contains(h.stdout, "mode:        writable, writethrough cache, overlays in "+ov+"\n") {
-		t.Errorf("qcowfs status of a write-through overlay mount:\n%s", h.stdout)
+	if h := harness.Run(t, "status", m2.Dir); !strings.Contains(h.Stdout, "mode:        writable, writethrough cache, overlays in "+ov+"\n") {
+		t.Errorf("qcowfs status of a write-through overlay mount:\n%s", h.Stdout)
 	}
 }
 
@@ -765,7 +672,7 @@ func plural(n int64, noun string) string {
 // /dev/log if there is one (so there is no syslog); the test enters that
 // namespace (the daemon's) with nsenter for what nobody does in the mount.
 func TestDaemonLogFallbackNotRoot(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	for _, tool := range []string{"setpriv", "unshare", "nsenter", "mknod", "fusermount3"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s not installed", tool)
@@ -777,16 +684,16 @@ func TestDaemonLogFallbackNotRoot(t *testing.T) {
 	}
 	uid, _ := strconv.Atoi(nobody.Uid)
 	d, bin := binaryForOthers(t)
-	src := cliMkdir(t, d, "images")
-	img, raw := cliImage(t, src, "vm")
+	src := mkdir(t, d, "images")
+	img, raw := smallImage(t, src, "vm")
 	os.Chmod(img, 0o644)
 	want, err := os.ReadFile(raw)
 	if err != nil {
 		t.Fatal(err)
 	}
-	devDir := cliMkdir(t, d, "dev")
+	devDir := mkdir(t, d, "dev")
 	mine := func(name string) string {
-		p := cliMkdir(t, d, name)
+		p := mkdir(t, d, name)
 		if err := os.Chown(p, uid, -1); err != nil {
 			t.Fatal(err)
 		}
@@ -815,26 +722,26 @@ exec "$@"`
 			mnt := mine("mnt-" + c.name + "-" + strings.Repeat("x", 64))
 			varEnv, dir := c.env(mine("run-" + c.name))
 			env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", varEnv}
-			cliCleanup(t, mnt)
-			logFile := filepath.Join(dir, cliEscape(mnt)+".log")
+			harness.Cleanup(t, mnt)
+			logFile := filepath.Join(dir, harness.Escape(mnt)+".log")
 
 			cmd := exec.Command("unshare", append(append([]string{"--mount", "--propagation", "private", "sh", "-c", script, "sh", devDir}, asNobody...), bin, "mount", src, mnt)...)
 			cmd.Env = env
-			r := cliRunCmd(t, cmd)
-			cliWantOK(t, "qcowfs mount as nobody", r)
-			if w := "qcowfs: no syslog (/dev/log): the log is in " + logFile + "\n"; r.stderr != w {
-				t.Errorf("qcowfs mount said %q, want %q", r.stderr, w)
+			r := harness.RunCmd(t, cmd)
+			harness.WantOK(t, "qcowfs mount as nobody", r)
+			if w := "qcowfs: no syslog (/dev/log): the log is in " + logFile + "\n"; r.Stderr != w {
+				t.Errorf("qcowfs mount said %q, want %q", r.Stderr, w)
 			}
-			daemons := cliDaemons(t, mnt)
+			daemons := harness.Daemons(t, mnt)
 			if len(daemons) != 1 {
 				t.Fatalf("want one daemon, have %v", daemons)
 			}
 			// What nobody runs in the daemon's mount namespace.
-			inMount := func(args ...string) cliResult {
+			inMount := func(args ...string) harness.Result {
 				t.Helper()
 				cmd := exec.Command("nsenter", append(append([]string{"--mount=/proc/" + strconv.Itoa(daemons[0]) + "/ns/mnt", "--"}, asNobody...), args...)...)
 				cmd.Env = env
-				return cliRunCmd(t, cmd)
+				return harness.RunCmd(t, cmd)
 			}
 
 			socks, _ := filepath.Glob(filepath.Join(dir, "*.sock"))
@@ -858,17 +765,17 @@ exec "$@"`
 				t.Errorf("log %s: %v, %v; want nobody's, not for others", logFile, fi, err)
 			}
 			got := inMount("cat", filepath.Join(mnt, "vm.raw"))
-			cliWantOK(t, "cat vm.raw as nobody", got)
-			if got.stdout != string(want) {
-				t.Errorf("vm.raw read by nobody is not what qemu-img convert makes (%d bytes, want %d)", len(got.stdout), len(want))
+			harness.WantOK(t, "cat vm.raw as nobody", got)
+			if got.Stdout != string(want) {
+				t.Errorf("vm.raw read by nobody is not what qemu-img convert makes (%d bytes, want %d)", len(got.Stdout), len(want))
 			}
 			r = inMount(bin, "status", mnt)
-			cliWantOK(t, "qcowfs status as nobody", r)
-			if !strings.Contains(r.stdout, "log:         "+logFile+"\n") {
-				t.Errorf("qcowfs status does not name the log %s:\n%s", logFile, r.stdout)
+			harness.WantOK(t, "qcowfs status as nobody", r)
+			if !strings.Contains(r.Stdout, "log:         "+logFile+"\n") {
+				t.Errorf("qcowfs status does not name the log %s:\n%s", logFile, r.Stdout)
 			}
-			cliWantOK(t, "qcowfs unmount as nobody", inMount(bin, "unmount", mnt))
-			cliWaitGone(t, mnt)
+			harness.WantOK(t, "qcowfs unmount as nobody", inMount(bin, "unmount", mnt))
+			harness.WaitGone(t, mnt)
 			log, err := os.ReadFile(logFile)
 			if err != nil || !strings.Contains(string(log), "msg=mounted") || !strings.Contains(string(log), "mountpoint="+mnt) ||
 				!strings.Contains(string(log), "msg=unmounted") {

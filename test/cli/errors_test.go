@@ -1,4 +1,4 @@
-package test
+package cli
 
 // Command line tests: user mistakes, each one line on stderr and nothing mounted.
 
@@ -12,27 +12,29 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/qcowfs/qcowfs/test/harness"
 )
 
 // TestCLIErrors: every user mistake is one line on stderr, a non-zero
 // exit, no mount and no daemon.
 func TestCLIErrors(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	root := t.TempDir()
-	src := cliMkdir(t, root, "images")
-	cliImage(t, src, "vm")
-	notImage := cliWrite(t, filepath.Join(root, "notimage.qcow2"), strings.Repeat("not a qcow2 image\n", 1000))
-	regular := cliWrite(t, filepath.Join(root, "file"), "a regular file\n")
-	mnt := cliMkdir(t, root, "mnt")
-	inside := cliMkdir(t, src, "sub")
-	tmpfs := cliMkdir(t, root, "tmpfs")
-	cliTmpfs(t, tmpfs)
-	qcowMnt := mountImages(t, src).Dir
+	src := mkdir(t, root, "images")
+	smallImage(t, src, "vm")
+	notImage := writeFile(t, filepath.Join(root, "notimage.qcow2"), strings.Repeat("not a qcow2 image\n", 1000))
+	regular := writeFile(t, filepath.Join(root, "file"), "a regular file\n")
+	mnt := mkdir(t, root, "mnt")
+	inside := mkdir(t, src, "sub")
+	tmpfs := mkdir(t, root, "tmpfs")
+	mountTmpfs(t, tmpfs)
+	qcowMnt := harness.Mount(t, src).Dir
 	// A source inside the mount point: the mount would hide it from the
 	// daemon itself.
-	outer := cliMkdir(t, root, "outer")
-	hiddenSrc := cliMkdir(t, outer, "images")
-	cliImage(t, hiddenSrc, "hidden")
+	outer := mkdir(t, root, "outer")
+	hiddenSrc := mkdir(t, outer, "images")
+	smallImage(t, hiddenSrc, "hidden")
 
 	cases := []struct {
 		name  string
@@ -62,20 +64,20 @@ func TestCLIErrors(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(strings.ReplaceAll(c.name, " ", "_"), func(t *testing.T) {
-			cliCleanup(t, c.mnt)
-			mountsBefore := cliMountsUnder(t, root)
-			daemonsBefore := cliDaemons(t, c.mnt)
+			harness.Cleanup(t, c.mnt)
+			mountsBefore := harness.MountsUnder(t, root)
+			daemonsBefore := harness.Daemons(t, c.mnt)
 			// Errors are found before anything is mounted: quickly.
-			cmd := exec.Command(qcowfsBin, c.args...)
+			cmd := exec.Command(harness.Bin(), c.args...)
 			if strings.HasSuffix(c.name, "relative") {
 				cmd.Dir = c.mnt
 			}
-			r := cliRunCmdTimeout(t, cmd, 20*time.Second)
-			cliWantError(t, "qcowfs "+strings.Join(c.args, " "), r, c.words...)
-			if after := cliMountsUnder(t, root); !reflect.DeepEqual(after, mountsBefore) {
+			r := harness.RunCmdTimeout(t, cmd, 20*time.Second)
+			harness.WantError(t, "qcowfs "+strings.Join(c.args, " "), r, c.words...)
+			if after := harness.MountsUnder(t, root); !reflect.DeepEqual(after, mountsBefore) {
 				t.Errorf("mounts under %s changed:\nbefore %v\nafter  %v", root, mountsBefore, after)
 			}
-			if after := cliDaemons(t, c.mnt); !reflect.DeepEqual(after, daemonsBefore) {
+			if after := harness.Daemons(t, c.mnt); !reflect.DeepEqual(after, daemonsBefore) {
 				t.Errorf("qcowfs processes for %s: before %v, after %v", c.mnt, daemonsBefore, after)
 			}
 		})
@@ -114,18 +116,18 @@ func TestCLIErrors(t *testing.T) {
 		{[]string{"mount", "-o", "subtype=other", src, mnt}, []string{"subtype=other", "fuse.qcowfs"}},
 	} {
 		what := "qcowfs " + strings.Join(c.args, " ")
-		r := cliRun(t, c.args...)
-		cliWantError(t, what, r, c.words...)
-		if r.code != 2 {
-			t.Errorf("%s: exit status %d, want 2 (a usage mistake)", what, r.code)
+		r := harness.Run(t, c.args...)
+		harness.WantError(t, what, r, c.words...)
+		if r.Code != 2 {
+			t.Errorf("%s: exit status %d, want 2 (a usage mistake)", what, r.Code)
 		}
-		if strings.Contains(r.stdout+r.stderr, "Usage:") {
+		if strings.Contains(r.Stdout+r.Stderr, "Usage:") {
 			t.Errorf("%s printed a help page", what)
 		}
-		if m := cliMountsUnder(t, mnt); len(m) != 0 {
+		if m := harness.MountsUnder(t, mnt); len(m) != 0 {
 			t.Errorf("%s mounted %v", what, m)
 		}
-		if p := cliDaemons(t, mnt); len(p) != 0 {
+		if p := harness.Daemons(t, mnt); len(p) != 0 {
 			t.Errorf("%s left qcowfs processes %v", what, p)
 		}
 	}
@@ -143,21 +145,21 @@ func TestCLIErrors(t *testing.T) {
 		}
 		// nobody must reach the binary, the source and the mount point.
 		d, bin := binaryForOthers(t)
-		src := cliMkdir(t, d, "images")
-		img, _ := cliImage(t, src, "vm")
+		src := mkdir(t, d, "images")
+		img, _ := smallImage(t, src, "vm")
 		os.Chmod(img, 0o644)
-		mnt := cliMkdir(t, d, "mnt")
-		emptyBin := cliMkdir(t, d, "bin")
-		cliCleanup(t, mnt)
+		mnt := mkdir(t, d, "mnt")
+		emptyBin := mkdir(t, d, "bin")
+		harness.Cleanup(t, mnt)
 		for _, args := range [][]string{{"mount", src, mnt}, {src, mnt, "-o", "ro"}} {
 			cmd := exec.Command(setpriv, append([]string{"--reuid=" + nobody.Uid, "--regid=" + nobody.Gid, "--clear-groups", bin}, args...)...)
 			cmd.Env = []string{"PATH=" + emptyBin}
-			r := cliRunCmd(t, cmd)
-			cliWantError(t, "qcowfs "+strings.Join(args, " ")+" as nobody", r, "fusermount3")
-			if m := cliMountsUnder(t, d); len(m) != 0 {
+			r := harness.RunCmd(t, cmd)
+			harness.WantError(t, "qcowfs "+strings.Join(args, " ")+" as nobody", r, "fusermount3")
+			if m := harness.MountsUnder(t, d); len(m) != 0 {
 				t.Errorf("mounted: %v", m)
 			}
-			if p := cliDaemons(t, mnt); len(p) != 0 {
+			if p := harness.Daemons(t, mnt); len(p) != 0 {
 				t.Errorf("qcowfs processes left: %v", p)
 			}
 		}
@@ -184,40 +186,40 @@ func TestCLIErrors(t *testing.T) {
 			}
 		}
 		bin := filepath.Join(d, "qcowfs")
-		b, err := os.ReadFile(qcowfsBin)
+		b, err := os.ReadFile(harness.Bin())
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := os.WriteFile(bin, b, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		src := cliMkdir(t, d, "images")
-		img, _ := cliImage(t, src, "vm")
+		src := mkdir(t, d, "images")
+		img, _ := smallImage(t, src, "vm")
 		os.Chmod(img, 0o644)
-		mnt := cliMkdir(t, d, "mnt")
+		mnt := mkdir(t, d, "mnt")
 		os.Chmod(mnt, 0o777)
-		noFuse := cliWrite(t, filepath.Join(d, "nofuse"), "")
+		noFuse := writeFile(t, filepath.Join(d, "nofuse"), "")
 		os.Chmod(noFuse, 0o600)
-		run := cliMkdir(t, d, "run")
+		run := mkdir(t, d, "run")
 		uid, _ := strconv.Atoi(nobody.Uid)
 		if err := os.Chown(run, uid, -1); err != nil {
 			t.Fatal(err)
 		}
 		os.Chmod(run, 0o700)
-		cliCleanup(t, mnt)
+		harness.Cleanup(t, mnt)
 		const script = `mount --bind "$1" /dev/fuse && shift && exec "$@"`
 		var msgs []string
 		for _, args := range [][]string{{"mount", src, mnt}, {"mount", "--foreground", src, mnt}} {
 			cmd := exec.Command("unshare", append([]string{"--mount", "sh", "-c", script, "sh", noFuse,
 				"setpriv", "--reuid=" + nobody.Uid, "--regid=" + nobody.Gid, "--clear-groups", bin}, args...)...)
 			cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "XDG_RUNTIME_DIR=" + run}
-			r := cliRunCmd(t, cmd)
-			cliWantError(t, "qcowfs "+strings.Join(args, " ")+" as nobody", r, "fusermount3: failed to open /dev/fuse: Permission denied")
-			msgs = append(msgs, r.stderr)
-			if m := cliMountsUnder(t, d); len(m) != 0 {
+			r := harness.RunCmd(t, cmd)
+			harness.WantError(t, "qcowfs "+strings.Join(args, " ")+" as nobody", r, "fusermount3: failed to open /dev/fuse: Permission denied")
+			msgs = append(msgs, r.Stderr)
+			if m := harness.MountsUnder(t, d); len(m) != 0 {
 				t.Errorf("mounted: %v", m)
 			}
-			if p := cliDaemons(t, mnt); len(p) != 0 {
+			if p := harness.Daemons(t, mnt); len(p) != 0 {
 				t.Errorf("qcowfs processes left: %v", p)
 			}
 		}
@@ -239,7 +241,7 @@ func binaryForOthers(t *testing.T) (dir, bin string) {
 		}
 	}
 	bin = filepath.Join(dir, "qcowfs")
-	b, err := os.ReadFile(qcowfsBin)
+	b, err := os.ReadFile(harness.Bin())
 	if err != nil {
 		t.Fatal(err)
 	}

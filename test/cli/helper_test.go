@@ -1,4 +1,4 @@
-package test
+package cli
 
 // Command line tests: the mount(8) helper convention and fstab.
 
@@ -8,12 +8,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/qcowfs/qcowfs/test/harness"
 )
 
-// cliHelperNamespace prepares for running mount(8) the way users do, with
+// helperNamespace prepares for running mount(8) the way users do, with
 // qcowfs installed where mount(8) finds it, without touching the system:
 //
 // mount(8) runs its helpers with an empty environment (util-linux 2.38
@@ -27,9 +30,9 @@ import (
 //
 // It returns the shared folder, for the mount point, and a function that
 // runs a command in such a namespace.
-func cliHelperNamespace(t *testing.T) (string, func(args ...string) cliResult) {
+func helperNamespace(t *testing.T) (string, func(args ...string) harness.Result) {
 	t.Helper()
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	for _, tool := range []string{"mount", "umount", "unshare", "findmnt", "/sbin/mount.fuse3"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("%s not installed", tool)
@@ -51,7 +54,7 @@ func cliHelperNamespace(t *testing.T) (string, func(args ...string) cliResult) {
 	// Registered first, so it runs after the mount point's cleanup.
 	t.Cleanup(func() { exec.Command("umount", "-l", shared).Run() })
 	bin := t.TempDir()
-	if err := os.Symlink(qcowfsBin, filepath.Join(bin, "qcowfs")); err != nil {
+	if err := os.Symlink(harness.Bin(), filepath.Join(bin, "qcowfs")); err != nil {
 		t.Fatal(err)
 	}
 	const script = `set -e
@@ -61,25 +64,25 @@ mount --make-private "$(findmnt -n -o TARGET --target "$2")"
 mount --bind "$1" "$2"
 shift 2
 exec "$@"`
-	run := func(args ...string) cliResult {
+	run := func(args ...string) harness.Result {
 		t.Helper()
 		cmd := exec.Command("unshare", append([]string{"--mount", "--propagation", "unchanged",
 			"sh", "-c", script, "sh", bin, sbin}, args...)...)
 		// qcowfs first in PATH too, as a user would have it;
 		// mount(8) drops PATH before running mount.fuse3 anyway.
-		cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(qcowfsBin)+":"+os.Getenv("PATH"))
-		return cliRunCmd(t, cmd)
+		cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(harness.Bin())+":"+os.Getenv("PATH"))
+		return harness.RunCmd(t, cmd)
 	}
 	return shared, run
 }
 
-// cliCheckHelperMount checks a mount made by mount(8): live, a qcowfs
+// checkHelperMount checks a mount made by mount(8): live, a qcowfs
 // daemon behind it, allow_other and read-only as asked, and the image's
 // bytes as qemu-img convert makes them. Then plain umount unmounts it and
 // the daemon exits.
-func cliCheckHelperMount(t *testing.T, mnt, src, raw string) {
+func checkHelperMount(t *testing.T, mnt, src, raw string) {
 	t.Helper()
-	m := cliMountAt(t, mnt)
+	m := harness.MountAt(t, mnt)
 	if m == nil || m.FSType != "fuse.qcowfs" {
 		t.Fatalf("%s: mounted as %+v, want fuse.qcowfs", mnt, m)
 	}
@@ -88,55 +91,55 @@ func cliCheckHelperMount(t *testing.T, mnt, src, raw string) {
 	}
 	opts := strings.Split(m.SuperOptions, ",")
 	for _, o := range []string{"ro", "allow_other"} {
-		if !cliContains(opts, o) {
+		if !slices.Contains(opts, o) {
 			t.Errorf("mount options %s lack %s", m.SuperOptions, o)
 		}
 	}
-	daemons := cliDaemons(t, mnt)
+	daemons := harness.Daemons(t, mnt)
 	if len(daemons) != 1 {
 		t.Fatalf("want one qcowfs daemon for %s, have %v", mnt, daemons)
 	}
-	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", daemons[0])); err != nil || exe != qcowfsBin {
-		t.Errorf("the daemon runs %q (%v), want the binary under test %s", exe, err, qcowfsBin)
+	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", daemons[0])); err != nil || exe != harness.Bin() {
+		t.Errorf("the daemon runs %q (%v), want the binary under test %s", exe, err, harness.Bin())
 	}
-	sameFile(t, filepath.Join(mnt, "vm.raw"), raw)
+	harness.SameFile(t, filepath.Join(mnt, "vm.raw"), raw)
 	if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
 		t.Fatalf("umount %s: %v %s", mnt, err, out)
 	}
-	if isMounted(mnt) {
+	if harness.IsMounted(mnt) {
 		t.Fatalf("%s still mounted after umount", mnt)
 	}
-	cliWaitGone(t, mnt)
+	harness.WaitGone(t, mnt)
 }
 
 // TestHelperMount: mount -t fuse.qcowfs SRC MNT -o ro,allow_other, which
 // mount(8) turns into /sbin/mount.fuse3 ..., which runs qcowfs SRC MNT -o
 // ro,allow_other,dev,suid.
 func TestHelperMount(t *testing.T) {
-	shared, run := cliHelperNamespace(t)
+	shared, run := helperNamespace(t)
 	src := t.TempDir()
-	_, raw := cliImage(t, src, "vm")
-	mnt := cliMkdir(t, shared, "mnt")
-	cliCleanup(t, mnt)
+	_, raw := smallImage(t, src, "vm")
+	mnt := mkdir(t, shared, "mnt")
+	harness.Cleanup(t, mnt)
 	r := run("mount", "-t", "fuse.qcowfs", src, mnt, "-o", "ro,allow_other")
-	cliWantOK(t, "mount -t fuse.qcowfs", r)
-	cliCheckHelperMount(t, mnt, src, raw)
+	harness.WantOK(t, "mount -t fuse.qcowfs", r)
+	checkHelperMount(t, mnt, src, raw)
 }
 
 // TestFstabMount: an fstab line "SRC MNT fuse.qcowfs ro,allow_other 0 0",
 // from a private fstab file (mount --fstab), not /etc/fstab.
 func TestFstabMount(t *testing.T) {
-	shared, run := cliHelperNamespace(t)
+	shared, run := helperNamespace(t)
 	src := t.TempDir()
-	_, raw := cliImage(t, src, "vm")
-	mnt := cliMkdir(t, shared, "mnt")
-	cliCleanup(t, mnt)
+	_, raw := smallImage(t, src, "vm")
+	mnt := mkdir(t, shared, "mnt")
+	harness.Cleanup(t, mnt)
 	esc := strings.NewReplacer(" ", `\040`, "\t", `\011`, `\`, `\134`).Replace
-	fstab := cliWrite(t, filepath.Join(t.TempDir(), "fstab"),
+	fstab := writeFile(t, filepath.Join(t.TempDir(), "fstab"),
 		fmt.Sprintf("# qcowfs test\n%s %s fuse.qcowfs ro,allow_other 0 0\n", esc(src), esc(mnt)))
 	r := run("mount", "--fstab", fstab, mnt)
-	cliWantOK(t, "mount --fstab", r)
-	cliCheckHelperMount(t, mnt, src, raw)
+	harness.WantOK(t, "mount --fstab", r)
+	checkHelperMount(t, mnt, src, raw)
 }
 
 // TestHelperAsMountQcowfs: installed as /sbin/mount.qcowfs, qcowfs is run
@@ -144,69 +147,69 @@ func TestFstabMount(t *testing.T) {
 // TYPE (for a helper whose name does not end with the type) and -f (fake:
 // record the mount, do nothing). argv[0] is what tells qcowfs.
 func TestHelperAsMountQcowfs(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := t.TempDir()
-	_, raw := cliImage(t, src, "vm")
+	_, raw := smallImage(t, src, "vm")
 	helper := func(args ...string) *exec.Cmd {
-		cmd := exec.Command(qcowfsBin, args...)
+		cmd := exec.Command(harness.Bin(), args...)
 		cmd.Args[0] = "/sbin/mount.qcowfs"
 		return cmd
 	}
 
 	mnt := t.TempDir()
-	cliCleanup(t, mnt)
-	cliWantOK(t, "mount.qcowfs", cliRunCmd(t, helper(src, mnt, "-s", "-n", "-v", "-o", "ro,allow_other,noatime", "-t", "fuse.qcowfs")))
-	cliCheckHelperMount(t, mnt, src, raw)
+	harness.Cleanup(t, mnt)
+	harness.WantOK(t, "mount.qcowfs", harness.RunCmd(t, helper(src, mnt, "-s", "-n", "-v", "-o", "ro,allow_other,noatime", "-t", "fuse.qcowfs")))
+	checkHelperMount(t, mnt, src, raw)
 
 	// mount -f: nothing is mounted, nothing stays running. (Were -f
 	// taken for --foreground, this would mount and never return.)
 	mnt = t.TempDir()
-	cliCleanup(t, mnt)
-	r := cliRunCmdTimeout(t, helper(src, mnt, "-f", "-o", "ro"), 10*time.Second)
-	cliWantOK(t, "mount.qcowfs -f", r)
-	if isMounted(mnt) {
+	harness.Cleanup(t, mnt)
+	r := harness.RunCmdTimeout(t, helper(src, mnt, "-f", "-o", "ro"), 10*time.Second)
+	harness.WantOK(t, "mount.qcowfs -f", r)
+	if harness.IsMounted(mnt) {
 		t.Errorf("mount.qcowfs -f (fake) mounted %s", mnt)
 	}
-	if p := cliDaemons(t, mnt); len(p) != 0 {
+	if p := harness.Daemons(t, mnt); len(p) != 0 {
 		t.Errorf("mount.qcowfs -f left processes %v", p)
 	}
 	// Options are still checked.
-	cliWantError(t, "mount.qcowfs -f -o bogus", cliRunCmd(t, helper(src, mnt, "-f", "-o", "bogus")), "bogus")
+	harness.WantError(t, "mount.qcowfs -f -o bogus", harness.RunCmd(t, helper(src, mnt, "-f", "-o", "bogus")), "bogus")
 }
 
 // TestHelperFakeMount: mount -f (fake) through mount.fuse3, which drops
 // the -f before running qcowfs: nothing is mounted, nothing keeps running,
 // exit 0; from the command line and from an fstab.
 func TestHelperFakeMount(t *testing.T) {
-	shared, run := cliHelperNamespace(t)
+	shared, run := helperNamespace(t)
 	src := t.TempDir()
-	cliImage(t, src, "vm")
-	mnt := cliMkdir(t, shared, "mnt")
-	cliCleanup(t, mnt)
-	fstab := cliWrite(t, filepath.Join(t.TempDir(), "fstab"), fmt.Sprintf("%s %s fuse.qcowfs ro,allow_other 0 0\n", src, mnt))
+	smallImage(t, src, "vm")
+	mnt := mkdir(t, shared, "mnt")
+	harness.Cleanup(t, mnt)
+	fstab := writeFile(t, filepath.Join(t.TempDir(), "fstab"), fmt.Sprintf("%s %s fuse.qcowfs ro,allow_other 0 0\n", src, mnt))
 	for _, args := range [][]string{
 		{"mount", "-f", "-t", "fuse.qcowfs", src, mnt, "-o", "ro"},
 		{"mount", "--fake", "-v", "-t", "fuse.qcowfs", src, mnt},
 		{"mount", "-fv", "--fstab", fstab, mnt},
 	} {
 		r := run(args...)
-		cliWantOK(t, strings.Join(args, " "), r)
-		if m := cliMountAt(t, mnt); m != nil {
+		harness.WantOK(t, strings.Join(args, " "), r)
+		if m := harness.MountAt(t, mnt); m != nil {
 			t.Errorf("%s mounted %s: %+v", strings.Join(args, " "), mnt, m)
 		}
-		if p := cliDaemons(t, mnt); len(p) != 0 {
+		if p := harness.Daemons(t, mnt); len(p) != 0 {
 			t.Errorf("%s left qcowfs processes %v", strings.Join(args, " "), p)
 		}
 	}
 	// Without -f, the same mounts.
-	cliWantOK(t, "mount --fstab", run("mount", "--fstab", fstab, mnt))
-	if m := cliMountAt(t, mnt); m == nil || m.FSType != "fuse.qcowfs" {
+	harness.WantOK(t, "mount --fstab", run("mount", "--fstab", fstab, mnt))
+	if m := harness.MountAt(t, mnt); m == nil || m.FSType != "fuse.qcowfs" {
 		t.Fatalf("mount --fstab did not mount: %+v", m)
 	}
 	if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
 		t.Fatalf("umount: %v %s", err, out)
 	}
-	cliWaitGone(t, mnt)
+	harness.WaitGone(t, mnt)
 }
 
 // TestFstabNofail: an fstab line with nofail whose source is missing
@@ -215,35 +218,35 @@ func TestHelperFakeMount(t *testing.T) {
 // source); without nofail it fails with the reason. mount.fuse3 drops
 // nofail, so qcowfs finds it in the fstab line mount(8) mounts.
 func TestFstabNofail(t *testing.T) {
-	shared, run := cliHelperNamespace(t)
+	shared, run := helperNamespace(t)
 	missing := filepath.Join(t.TempDir(), "no such images")
-	mnt := cliMkdir(t, shared, "mnt")
-	cliCleanup(t, mnt)
+	mnt := mkdir(t, shared, "mnt")
+	harness.Cleanup(t, mnt)
 	esc := strings.NewReplacer(" ", `\040`).Replace
 	for _, c := range []struct {
 		opts string
 		ok   bool
 	}{{"ro,nofail", true}, {"ro", false}} {
-		fstab := cliWrite(t, filepath.Join(t.TempDir(), "fstab"), fmt.Sprintf("%s %s fuse.qcowfs %s 0 0\n", esc(missing), esc(mnt), c.opts))
+		fstab := writeFile(t, filepath.Join(t.TempDir(), "fstab"), fmt.Sprintf("%s %s fuse.qcowfs %s 0 0\n", esc(missing), esc(mnt), c.opts))
 		for _, args := range [][]string{{"mount", "--fstab", fstab, mnt}, {"mount", "-a", "--fstab", fstab}} {
 			r := run(args...)
 			what := strings.Join(args, " ") + " (" + c.opts + ")"
 			if c.ok {
-				cliWantOK(t, what, r)
-				if r.stderr != "" {
-					t.Errorf("%s printed %q; want silence, as mount(8) for nofail", what, r.stderr)
+				harness.WantOK(t, what, r)
+				if r.Stderr != "" {
+					t.Errorf("%s printed %q; want silence, as mount(8) for nofail", what, r.Stderr)
 				}
-			} else if r.code == 0 || !strings.Contains(r.stderr, "no such images") {
-				t.Errorf("%s: exit status %d, stderr %q; want a failure naming the source", what, r.code, r.stderr)
+			} else if r.Code == 0 || !strings.Contains(r.Stderr, "no such images") {
+				t.Errorf("%s: exit status %d, stderr %q; want a failure naming the source", what, r.Code, r.Stderr)
 			}
-			if m := cliMountAt(t, mnt); m != nil {
+			if m := harness.MountAt(t, mnt); m != nil {
 				t.Errorf("%s mounted %+v", what, m)
 			}
 		}
 	}
 	// nofail on mount(8)'s command line.
 	r := run("mount", "-t", "fuse.qcowfs", "-o", "ro,nofail", missing, mnt)
-	cliWantOK(t, "mount -o nofail (missing source)", r)
+	harness.WantOK(t, "mount -o nofail (missing source)", r)
 }
 
 // TestREADMESystemdUnit: the README's mount unit is named after its Where=
@@ -295,18 +298,18 @@ func TestREADMESystemdUnit(t *testing.T) {
 		t.Errorf("the README's unit mounts Type=%s, want fuse.qcowfs", keys["Type"])
 	}
 	path := filepath.Join(t.TempDir(), name)
-	cliWrite(t, path, unit)
-	r := cliRunCmd(t, exec.Command("systemd-analyze", "verify", path))
-	if r.code != 0 || r.stdout != "" || r.stderr != "" {
-		t.Errorf("systemd-analyze verify %s: exit %d\n%s%s\nunit:\n%s", name, r.code, r.stdout, r.stderr, unit)
+	writeFile(t, path, unit)
+	r := harness.RunCmd(t, exec.Command("systemd-analyze", "verify", path))
+	if r.Code != 0 || r.Stdout != "" || r.Stderr != "" {
+		t.Errorf("systemd-analyze verify %s: exit %d\n%s%s\nunit:\n%s", name, r.Code, r.Stdout, r.Stderr, unit)
 	}
 
 	// The mount itself, as systemd runs it, with the unit's options.
-	shared, run := cliHelperNamespace(t)
+	shared, run := helperNamespace(t)
 	src := t.TempDir()
-	_, raw := cliImage(t, src, "vm")
-	mnt := cliMkdir(t, shared, "mnt")
-	cliCleanup(t, mnt)
-	cliWantOK(t, "mount with the unit's options", run("mount", src, mnt, "-t", keys["Type"], "-o", keys["Options"]))
-	cliCheckHelperMount(t, mnt, src, raw)
+	_, raw := smallImage(t, src, "vm")
+	mnt := mkdir(t, shared, "mnt")
+	harness.Cleanup(t, mnt)
+	harness.WantOK(t, "mount with the unit's options", run("mount", src, mnt, "-t", keys["Type"], "-o", keys["Options"]))
+	checkHelperMount(t, mnt, src, raw)
 }

@@ -1,4 +1,4 @@
-package test
+package cli
 
 // Command line tests: qcowfs info, map and check print what qemu-img
 // prints, byte for byte, over the whole test matrix; and what they say
@@ -8,100 +8,13 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
-
-// cliQemuMajor is the installed qemu-img's major version.
-func cliQemuMajor(t *testing.T) int {
-	out, err := exec.Command("qemu-img", "--version").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`version (\d+)\.`).FindSubmatch(out)
-	if m == nil {
-		t.Fatalf("qemu-img --version: %q", out)
-	}
-	n, _ := strconv.Atoi(string(m[1]))
-	return n
-}
-
-// cliBoth runs qemu-img and qcowfs with the same arguments in dir.
-func cliBoth(t *testing.T, dir string, args ...string) (q, us cliResult) {
-	t.Helper()
-	if args[0] == "map" {
-		// qemu's block status asks lseek(SEEK_DATA), which on ext4
-		// counts cached pages over unwritten extents as data; qcowfs
-		// asks FIEMAP. The image's pages are dropped first, so that
-		// whatever read the image before (another command here) does
-		// not decide what qemu says.
-		p := args[len(args)-1]
-		if !filepath.IsAbs(p) {
-			p = filepath.Join(dir, p)
-		}
-		if f, err := os.Open(p); err == nil {
-			f.Sync()
-			unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
-			f.Close()
-		}
-	}
-	qc := exec.Command("qemu-img", args...)
-	qc.Dir = dir
-	uc := exec.Command(qcowfsBin, args...)
-	uc.Dir = dir
-	return cliRunCmd(t, qc), cliRunCmd(t, uc)
-}
-
-// cliSameAsQemu fails t unless qcowfs's run us did what qemu-img's run q
-// did: the same exit status, the same stdout, and on stderr the same
-// lines (with "qemu-img: " for "qcowfs: "), except where qemu could not
-// open the image, whose reasons qcowfs words its own way (then both say
-// something, or neither does).
-func cliSameAsQemu(t *testing.T, what string, q, us cliResult) {
-	t.Helper()
-	if q.code != us.code {
-		t.Errorf("%s: qcowfs exits %d, qemu-img %d\nqemu-img: %s\nqcowfs: %s", what, us.code, q.code, q.stderr, us.stderr)
-		return
-	}
-	if d := cliDiff(q.stdout, us.stdout); d != "" {
-		t.Errorf("%s: qcowfs prints something else than qemu-img, from %s", what, d)
-	}
-	if strings.Contains(q.stderr, "Could not open") {
-		if (q.stderr == "") != (us.stderr == "") {
-			t.Errorf("%s: stderr: qemu-img %q, qcowfs %q", what, q.stderr, us.stderr)
-		}
-		return
-	}
-	if d := cliDiff(strings.ReplaceAll(q.stderr, "qemu-img: ", "qcowfs: "), us.stderr); d != "" {
-		t.Errorf("%s: qcowfs says something else than qemu-img on stderr, from %s", what, d)
-	}
-}
-
-// cliDiff reports the first line where a and b differ.
-func cliDiff(a, b string) string {
-	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
-	for i := 0; i < max(len(al), len(bl)); i++ {
-		var x, y string
-		if i < len(al) {
-			x = al[i]
-		}
-		if i < len(bl) {
-			y = bl[i]
-		}
-		if x != y {
-			return fmt.Sprintf("line %d:\nqemu-img: %q\nqcowfs:   %q", i+1, x, y)
-		}
-	}
-	return ""
-}
 
 // TestQemuImgDiff: for every image of the matrix, and encrypted, raw,
 // dirty and corrupt images, a bitmap without flags and a file name that
@@ -152,7 +65,7 @@ func TestQemuImgDiff(t *testing.T) {
 	sparse := filepath.Join(dir, "sparse.raw")
 	qemu.Create(t, "raw", sparse, "3M")
 	add("raw-sparse", sparse)
-	text := cliWrite(t, filepath.Join(dir, "text.qcow2"), strings.Repeat("not a qcow2 image\n", 100))
+	text := writeFile(t, filepath.Join(dir, "text.qcow2"), strings.Repeat("not a qcow2 image\n", 100))
 	add("text", text)
 	// A name with a space, a quote, a backslash and non-ASCII letters,
 	// which qemu's JSON escapes its own way.
@@ -185,7 +98,7 @@ func TestQemuImgDiff(t *testing.T) {
 	qemu.Img(t, "create", "-q", "-u", "-f", "qcow2", "-b", "gone.qcow2", "-F", "qcow2", orphan, "1M")
 	add("orphan", orphan)
 
-	newQemu := cliQemuMajor(t) >= 8
+	newQemu := qemu.Major(t) >= 8
 	for _, im := range images {
 		t.Run(im.Name, func(t *testing.T) {
 			runs := [][]string{}
@@ -213,8 +126,8 @@ func TestQemuImgDiff(t *testing.T) {
 				if newQemu && args[0] == "info" {
 					continue
 				}
-				q, us := cliBoth(t, dir, args...)
-				cliSameAsQemu(t, strings.Join(args, " "), q, us)
+				q, us := harness.Both(t, dir, args...)
+				harness.SameAsQemu(t, strings.Join(args, " "), q, us)
 			}
 		})
 	}
@@ -235,21 +148,21 @@ func TestInfoErrors(t *testing.T) {
 	} {
 		for _, cmd := range []string{"info", "map", "check"} {
 			for _, format := range []string{"human", "json"} {
-				r := cliRun(t, cmd, "--output="+format, c.path)
-				cliWantError(t, "qcowfs "+cmd+" --output="+format+" "+c.path, r, c.words...)
+				r := harness.Run(t, cmd, "--output="+format, c.path)
+				harness.WantError(t, "qcowfs "+cmd+" --output="+format+" "+c.path, r, c.words...)
 			}
 		}
 	}
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	for _, format := range []string{"luks", "aes"} {
 		src := t.TempDir()
 		img := filepath.Join(src, format+".qcow2")
 		qemu.CreateEncrypted(t, img, format)
 		mnt := t.TempDir()
-		cliCleanup(t, mnt)
-		r := cliRun(t, "mount", img, mnt)
-		cliWantError(t, "qcowfs mount "+img, r, img, "encrypted ("+format+"): not supported")
-		if cliMountAt(t, mnt) != nil {
+		harness.Cleanup(t, mnt)
+		r := harness.Run(t, "mount", img, mnt)
+		harness.WantError(t, "qcowfs mount "+img, r, img, "encrypted ("+format+"): not supported")
+		if harness.MountAt(t, mnt) != nil {
 			t.Errorf("the refused encrypted image %s was mounted", img)
 		}
 	}
@@ -274,10 +187,10 @@ func TestFormatFlag(t *testing.T) {
 	qemu.IO(t, top, "write -P 0xa5 1M 4k")
 	disk := filepath.Join(dir, "disk.raw")
 	qemu.Img(t, "convert", "-O", "raw", top, disk)
-	text := cliWrite(t, filepath.Join(dir, "notes.txt"), strings.Repeat("not an image\n", 50))
+	text := writeFile(t, filepath.Join(dir, "notes.txt"), strings.Repeat("not an image\n", 50))
 
 	mismatch := map[string]bool{disk: true, text: true} // for -f qcow2
-	newQemu := cliQemuMajor(t) >= 8
+	newQemu := qemu.Major(t) >= 8
 	for _, img := range []string{base, top, disk, text} {
 		for _, format := range []string{"qcow2", "raw"} {
 			flags := [][]string{{"-f", format}}
@@ -293,16 +206,16 @@ func TestFormatFlag(t *testing.T) {
 							continue // the protocol node: see TestQemuImgDiff
 						}
 						what := strings.Join(args, " ")
-						q, us := cliBoth(t, dir, args...)
-						cliSameAsQemu(t, what, q, us)
-						if q.code != us.code {
+						q, us := harness.Both(t, dir, args...)
+						harness.SameAsQemu(t, what, q, us)
+						if q.Code != us.Code {
 							continue
 						}
 						if format == "qcow2" && mismatch[img] {
-							if q.code != 1 {
-								t.Errorf("%s: qemu-img exits %d; the test expects qemu-img to refuse a raw file as qcow2", what, q.code)
+							if q.Code != 1 {
+								t.Errorf("%s: qemu-img exits %d; the test expects qemu-img to refuse a raw file as qcow2", what, q.Code)
 							}
-							cliWantError(t, "qcowfs "+what, us, filepath.Base(img), "qcow2")
+							harness.WantError(t, "qcowfs "+what, us, filepath.Base(img), "qcow2")
 						}
 					}
 				}
@@ -312,15 +225,15 @@ func TestFormatFlag(t *testing.T) {
 	for _, format := range []string{"vmdk", "nosuch", "QCOW2"} {
 		for _, cmd := range []string{"info", "map", "check"} {
 			args := []string{cmd, "-f", format, filepath.Base(base)}
-			q, us := cliBoth(t, dir, args...)
+			q, us := harness.Both(t, dir, args...)
 			what := strings.Join(args, " ")
-			if q.code != 1 || q.stderr == "" {
-				t.Errorf("%s: qemu-img exits %d (%q); the test expects it to fail", what, q.code, q.stderr)
+			if q.Code != 1 || q.Stderr == "" {
+				t.Errorf("%s: qemu-img exits %d (%q); the test expects it to fail", what, q.Code, q.Stderr)
 			}
-			if us.code != q.code {
-				t.Errorf("%s: qcowfs exits %d, qemu-img %d", what, us.code, q.code)
+			if us.Code != q.Code {
+				t.Errorf("%s: qcowfs exits %d, qemu-img %d", what, us.Code, q.Code)
 			}
-			cliWantError(t, "qcowfs "+what, us, filepath.Base(base), `"`+format+`"`)
+			harness.WantError(t, "qcowfs "+what, us, filepath.Base(base), `"`+format+`"`)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package test
+package cli
 
 // Command line tests: version and help, and the README's flag table
 // against the parser.
@@ -11,6 +11,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/qcowfs/qcowfs/test/harness"
 )
 
 // TestVersion: qcowfs version prints the version, the Go version, the
@@ -48,20 +50,20 @@ func TestVersion(t *testing.T) {
 			inflate = "libdeflate"
 		}
 		want := "qcowfs v9.8.7-test\ngo: " + strings.TrimSpace(string(goVersion)) + "\ngo-fuse: " + fuseVersion + "\ndeflate: " + inflate + "\n"
-		r := cliRunCmd(t, exec.Command(bin, "version"))
-		if r.code != 0 || r.stdout != want || r.stderr != "" {
-			t.Errorf("cgo %v: qcowfs version printed %q, %q (status %d), want %q", cgo, r.stdout, r.stderr, r.code, want)
+		r := harness.RunCmd(t, exec.Command(bin, "version"))
+		if r.Code != 0 || r.Stdout != want || r.Stderr != "" {
+			t.Errorf("cgo %v: qcowfs version printed %q, %q (status %d), want %q", cgo, r.Stdout, r.Stderr, r.Code, want)
 		}
-		r = cliRunCmd(t, exec.Command(bin, "--version"))
-		if r.code != 0 || r.stdout != "qcowfs v9.8.7-test\n" {
-			t.Errorf("qcowfs --version printed %q (status %d)", r.stdout, r.code)
+		r = harness.RunCmd(t, exec.Command(bin, "--version"))
+		if r.Code != 0 || r.Stdout != "qcowfs v9.8.7-test\n" {
+			t.Errorf("qcowfs --version printed %q (status %d)", r.Stdout, r.Code)
 		}
 	}
 }
 
-// cliHelpFlags returns the long flags a --help page lists, with their
+// helpFlags returns the long flags a --help page lists, with their
 // placeholder ("SIZE", "" for a bool flag).
-func cliHelpFlags(help string) map[string]string {
+func helpFlags(help string) map[string]string {
 	flags := map[string]string{}
 	for _, m := range regexp.MustCompile(`(?m)^\s+(?:-\w, )?--([a-z0-9-]+)(?:=("?)([^\s"]*)"?)?`).FindAllStringSubmatch(help, -1) {
 		flags[m[1]] = m[3]
@@ -73,23 +75,23 @@ func cliHelpFlags(help string) map[string]string {
 // mentioned once, every size flag shows its default, and qcowfs help CMD
 // is qcowfs CMD --help.
 func TestHelp(t *testing.T) {
-	r := cliRun(t, "--help")
-	cliWantOK(t, "qcowfs --help", r)
-	top := r.stdout
+	r := harness.Run(t, "--help")
+	harness.WantOK(t, "qcowfs --help", r)
+	top := r.Stdout
 	for _, cmd := range []string{"mount", "unmount", "status", "info", "map", "check", "version", "help"} {
 		if !regexp.MustCompile(`(?m)^\s+` + cmd + `\b`).MatchString(top) {
 			t.Errorf("qcowfs --help does not list the %s command:\n%s", cmd, top)
 		}
-		r := cliRun(t, cmd, "--help")
-		cliWantOK(t, "qcowfs "+cmd+" --help", r)
-		if !strings.Contains(r.stdout, "Examples:") {
-			t.Errorf("qcowfs %s --help has no examples:\n%s", cmd, r.stdout)
+		r := harness.Run(t, cmd, "--help")
+		harness.WantOK(t, "qcowfs "+cmd+" --help", r)
+		if !strings.Contains(r.Stdout, "Examples:") {
+			t.Errorf("qcowfs %s --help has no examples:\n%s", cmd, r.Stdout)
 		}
-		if n := strings.Count(r.stdout, "--version"); n != 0 && cmd != "version" && cmd != "help" {
+		if n := strings.Count(r.Stdout, "--version"); n != 0 && cmd != "version" && cmd != "help" {
 			t.Errorf("qcowfs %s --help mentions --version %d times, want 0 (it is the version command's)", cmd, n)
 		}
-		if h := cliRun(t, "help", cmd); h.stdout != r.stdout || h.code != 0 {
-			t.Errorf("qcowfs help %s printed %q (status %d), qcowfs %s --help %q", cmd, h.stdout, h.code, cmd, r.stdout)
+		if h := harness.Run(t, "help", cmd); h.Stdout != r.Stdout || h.Code != 0 {
+			t.Errorf("qcowfs help %s printed %q (status %d), qcowfs %s --help %q", cmd, h.Stdout, h.Code, cmd, r.Stdout)
 		}
 	}
 	if n := strings.Count(top, "--version"); n != 1 {
@@ -101,15 +103,15 @@ func TestHelp(t *testing.T) {
 		}
 	}
 
-	r = cliRun(t, "mount", "--help")
-	flags := cliHelpFlags(r.stdout)
+	r = harness.Run(t, "mount", "--help")
+	flags := helpFlags(r.Stdout)
 	for _, f := range []string{"foreground", "allow-other", "l2-cache-size", "cache-size", "read-ahead", "log-file", "allow-backing-outside", "options"} {
 		if _, ok := flags[f]; !ok {
 			t.Errorf("qcowfs mount --help does not list --%s", f)
 		}
 	}
 	for f, ph := range flags {
-		if ph == "SIZE" && !regexp.MustCompile(`--`+f+`=SIZE\s[^-]*?\(default: \d+[KMGT]?\)`).MatchString(strings.Join(strings.Fields(r.stdout), " ")) {
+		if ph == "SIZE" && !regexp.MustCompile(`--`+f+`=SIZE\s[^-]*?\(default: \d+[KMGT]?\)`).MatchString(strings.Join(strings.Fields(r.Stdout), " ")) {
 			t.Errorf("qcowfs mount --help: --%s does not show its default", f)
 		}
 	}
@@ -141,10 +143,10 @@ func TestHelp(t *testing.T) {
 		opts = append(opts, strings.ReplaceAll(f, "-", "_")+"="+v)
 	}
 	for _, a := range [][]string{append(args, nosuch, t.TempDir()), {"mount", "-o", strings.Join(opts, ","), nosuch, t.TempDir()}} {
-		r := cliRun(t, a...)
-		cliWantError(t, "qcowfs "+strings.Join(a, " "), r, "nosuch")
-		if r.code != 1 {
-			t.Errorf("qcowfs %s: exit status %d, want 1 (a missing source is no usage mistake)", strings.Join(a, " "), r.code)
+		r := harness.Run(t, a...)
+		harness.WantError(t, "qcowfs "+strings.Join(a, " "), r, "nosuch")
+		if r.Code != 1 {
+			t.Errorf("qcowfs %s: exit status %d, want 1 (a missing source is no usage mistake)", strings.Join(a, " "), r.Code)
 		}
 	}
 }
@@ -161,8 +163,8 @@ func TestREADMEFlags(t *testing.T) {
 	for _, m := range regexp.MustCompile("(?m)^\\| (?:`-\\w`, )?`--([a-z0-9-]+)[^`]*` \\| (?:`([a-z0-9_]+)[^`]*`)? *\\|").FindAllStringSubmatch(string(b), -1) {
 		rows[m[1]] = m[2]
 	}
-	r := cliRun(t, "mount", "--help")
-	flags := cliHelpFlags(r.stdout)
+	r := harness.Run(t, "mount", "--help")
+	flags := helpFlags(r.Stdout)
 	for f := range flags {
 		if f == "help" || f == "options" {
 			continue
@@ -193,24 +195,24 @@ func TestManPage(t *testing.T) {
 		}
 		t.Skip("groff not installed")
 	}
-	r := cliRun(t, "help-man")
-	cliWantOK(t, "qcowfs help-man", r)
+	r := harness.Run(t, "help-man")
+	harness.WantOK(t, "qcowfs help-man", r)
 	page := filepath.Join(t.TempDir(), "qcowfs.1")
-	cliWrite(t, page, r.stdout)
+	writeFile(t, page, r.Stdout)
 	render := exec.Command("groff", "-man", "-Tutf8", "-ww", "-P-cbou", page)
 	render.Env = append(os.Environ(), "MANWIDTH=200", "COLUMNS=200")
-	res := cliRunCmd(t, render)
-	if res.code != 0 || res.stderr != "" {
-		t.Fatalf("groff: status %d: %s", res.code, res.stderr)
+	res := harness.RunCmd(t, render)
+	if res.Code != 0 || res.Stderr != "" {
+		t.Fatalf("groff: status %d: %s", res.Code, res.Stderr)
 	}
-	text := strings.Join(strings.Fields(res.stdout), " ")
+	text := strings.Join(strings.Fields(res.Stdout), " ")
 	text = strings.ReplaceAll(text, "‐ ", "") // hyphenation at line ends
 	for _, cmd := range []string{"mount", "unmount", "status", "info", "map", "check", "version", "help"} {
 		if !strings.Contains(text, "qcowfs "+cmd) {
 			t.Errorf("the man page has no qcowfs %s", cmd)
 		}
-		h := cliRun(t, cmd, "--help")
-		for f := range cliHelpFlags(h.stdout) {
+		h := harness.Run(t, cmd, "--help")
+		for f := range helpFlags(h.Stdout) {
 			if f != "help" && !strings.Contains(text, "--"+f) {
 				t.Errorf("the man page does not document qcowfs %s --%s", cmd, f)
 			}

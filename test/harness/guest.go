@@ -1,4 +1,8 @@
-package test
+package harness
+
+// Guest disks: a GPT disk with an ext4 file system made from a tree of
+// files, loop devices over the files a mount shows, the guest file system
+// mounted from them and read back.
 
 import (
 	"crypto/sha256"
@@ -28,76 +32,29 @@ const (
 	guestPartSize = 64 << 20
 )
 
-// TestLoopMountGuestPartition is what a user does with an exposed raw file:
-// attach it to a loop device, find the partition in it and mount the guest
-// file system. The kernel, not qemu, reads the disk here: page-sized reads
-// through the loop driver, ext4's own readahead, the GPT read by partx or
-// the kernel. The files read back must be the files put in, byte for byte.
-func TestLoopMountGuestPartition(t *testing.T) {
-	requireFUSE(t)
-	qemu.Require(t, "sfdisk", "mkfs.ext4", "losetup", "partx", "mount")
-
-	work := qemu.TempDir(t)
-	want := writeGuestTree(t, filepath.Join(work, "tree"))
-	disk := makeGuestDisk(t, work, filepath.Join(work, "tree"))
-
-	for _, v := range []struct {
-		name string
-		opts []string // for qemu-img convert
-	}{
-		{"plain", nil},
-		// Random data does not compress, so this image mixes
-		// compressed clusters (text, ext4 metadata) with clusters qemu
-		// stored uncompressed.
-		{"compressed", []string{"-c"}},
-	} {
-		t.Run(v.name, func(t *testing.T) {
-			src := qemu.TempDir(t)
-			args := append(append([]string{"convert", "-q", "-f", "raw", "-O", "qcow2"}, v.opts...),
-				disk, filepath.Join(src, "disk.qcow2"))
-			qemu.Img(t, args...)
-
-			// Each step registers its own undoing as soon as there
-			// is something to undo; Cleanup runs them last first,
-			// so the guest is unmounted, then the partitions and
-			// the loop device go, then the harness unmounts qcowfs.
-			m := mountImages(t, src)
-			dev := attachLoop(t, filepath.Join(m.Dir, "disk.raw"))
-			part := partitionNode(t, dev)
-			guest := mountGuest(t, part)
-
-			got := readGuestTree(t, guest)
-			compareTrees(t, got, want)
-			if log := m.logText(t); strings.Contains(log, "level=ERROR") {
-				t.Errorf("the daemon logged errors:\n%s", log)
-			}
-		})
-	}
-}
-
-// A treeEntry is what a test knows about one file or folder of a guest
+// A TreeEntry is what a test knows about one file or folder of a guest
 // tree; sum is a regular file's sha256, in hex.
-type treeEntry struct {
-	dir  bool
-	size int64
-	sum  string
+type TreeEntry struct {
+	Dir  bool
+	Size int64
+	Sum  string
 }
 
-func (e treeEntry) String() string {
-	if e.dir {
+func (e TreeEntry) String() string {
+	if e.Dir {
 		return "folder"
 	}
-	return fmt.Sprintf("%d bytes, sha256 %s", e.size, e.sum)
+	return fmt.Sprintf("%d bytes, sha256 %s", e.Size, e.Sum)
 }
 
-// writeGuestTree fills dir with the files the guest disk will hold and
+// WriteGuestTree fills dir with the files the guest disk will hold and
 // returns what it wrote, keyed by slash-separated path relative to dir.
 // Sizes are chosen to give ext4 every kind of file: empty, inline-sized,
 // a few blocks, not a multiple of the block size, several MiB in extents,
 // and files with zero runs, which mkfs.ext4 -d leaves as holes.
-func writeGuestTree(t testing.TB, dir string) map[string]treeEntry {
+func WriteGuestTree(t testing.TB, dir string) map[string]TreeEntry {
 	t.Helper()
-	tree := map[string]treeEntry{}
+	tree := map[string]TreeEntry{}
 	// Seeded, so a failure can be reproduced with the same bytes.
 	rng := rand.NewChaCha8([32]byte{'q', 'c', 'o', 'w', 'f', 's'})
 	random := func(n int) []byte {
@@ -111,7 +68,7 @@ func writeGuestTree(t testing.TB, dir string) map[string]treeEntry {
 		}
 		// MkdirAll makes parents too; record every one of them.
 		for p := name; p != "."; p = filepath.Dir(p) {
-			tree[filepath.ToSlash(p)] = treeEntry{dir: true}
+			tree[filepath.ToSlash(p)] = TreeEntry{Dir: true}
 		}
 	}
 	write := func(name string, data []byte) {
@@ -120,7 +77,7 @@ func writeGuestTree(t testing.TB, dir string) map[string]treeEntry {
 			t.Fatal(err)
 		}
 		sum := sha256.Sum256(data)
-		tree[filepath.ToSlash(name)] = treeEntry{size: int64(len(data)), sum: hex.EncodeToString(sum[:])}
+		tree[filepath.ToSlash(name)] = TreeEntry{Size: int64(len(data)), Sum: hex.EncodeToString(sum[:])}
 	}
 
 	write("README.txt", []byte("A guest disk made by qcowfs's loop-mount test.\n"))
@@ -150,10 +107,10 @@ func writeGuestTree(t testing.TB, dir string) map[string]treeEntry {
 	return tree
 }
 
-// makeGuestDisk makes a raw GPT disk in work whose one partition holds an
+// MakeGuestDisk makes a raw GPT disk in work whose one partition holds an
 // ext4 file system populated from tree, and returns the disk's path. No
 // mount is needed: mkfs.ext4 -d fills the file system from a folder.
-func makeGuestDisk(t testing.TB, work, tree string) string {
+func MakeGuestDisk(t testing.TB, work, tree string) string {
 	t.Helper()
 	part := filepath.Join(work, "part.img")
 	qemu.Run(t, "mkfs.ext4", "-q", "-F", "-d", tree, part, strconv.Itoa(guestPartSize>>10)+"k")
@@ -201,31 +158,39 @@ func makeGuestDisk(t testing.TB, work, tree string) string {
 	return disk
 }
 
-// attachLoop attaches file read-only to a free loop device, with partition
-// scanning asked for, and detaches it when the test ends.
-func attachLoop(t testing.TB, file string) string {
+// AttachLoop attaches file to a free loop device with losetup's flags
+// (-r read-only, -P with partition scanning) and detaches it when the
+// test ends, or before when detach is called.
+func AttachLoop(t testing.TB, file string, flags ...string) (dev string, detach func()) {
 	t.Helper()
-	dev := strings.TrimSpace(string(qemu.Run(t, "losetup", "-r", "-f", "--show", "-P", file)))
+	dev = strings.TrimSpace(string(qemu.Run(t, "losetup", append(append(flags, "-f", "--show"), file)...)))
 	if !strings.HasPrefix(dev, "/dev/loop") {
 		t.Fatalf("losetup attached %s to %q, not a loop device", file, dev)
 	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-			t.Errorf("losetup -d %s: %v %s", dev, err, out)
+	done := false
+	detach = func() {
+		if !done {
+			done = true
+			if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+				t.Errorf("losetup -d %s: %v %s", dev, err, out)
+			}
 		}
-	})
-	if ro := sysfsText(t, filepath.Join("/sys/block", filepath.Base(dev), "ro")); ro != "1" {
-		t.Fatalf("%s is not read-only (ro=%s)", dev, ro)
 	}
-	return dev
+	t.Cleanup(detach)
+	if slices.Contains(flags, "-r") {
+		if ro := sysfsText(t, filepath.Join("/sys/block", filepath.Base(dev), "ro")); ro != "1" {
+			t.Fatalf("%s is not read-only (ro=%s)", dev, ro)
+		}
+	}
+	return dev, detach
 }
 
-// partitionNode returns the device node of the first partition of the
+// PartitionNode returns the device node of the first partition of the
 // loop device dev. A kernel with a GPT parser has made it during losetup
 // -P; a kernel without one has not, and partx then reads the table in user
 // space and tells the kernel about the partition. Either way the node
 // itself appears asynchronously, made by devtmpfs (and udev, if running).
-func partitionNode(t testing.TB, dev string) string {
+func PartitionNode(t testing.TB, dev string) string {
 	t.Helper()
 	name := filepath.Base(dev) + "p1"
 	sys := filepath.Join("/sys/block", filepath.Base(dev), name)
@@ -239,7 +204,7 @@ func partitionNode(t testing.TB, dev string) string {
 		exec.Command("udevadm", "settle").Run()
 	}
 	node := filepath.Join("/dev", name)
-	waitFor(t, node, 10*time.Second, func() bool {
+	WaitFor(t, node, 10*time.Second, func() bool {
 		st, err := os.Stat(node)
 		return err == nil && st.Mode()&fs.ModeDevice != 0
 	})
@@ -253,30 +218,40 @@ func partitionNode(t testing.TB, dev string) string {
 	return node
 }
 
-// mountGuest mounts the ext4 file system on part read-only and unmounts it
-// when the test ends. noload skips the journal: the device is read-only,
-// so ext4 could not replay it anyway.
-func mountGuest(t testing.TB, part string) string {
+// MountGuest mounts the ext4 file system on dev with options opts ("" for
+// read-write; "ro,noload" read-only, without the journal, which a
+// read-only device could not replay anyway) and unmounts it when the test
+// ends, or before when unmount is called.
+func MountGuest(t testing.TB, dev, opts string) (dir string, unmount func()) {
 	t.Helper()
-	dir := t.TempDir()
-	qemu.Run(t, "mount", "-t", "ext4", "-o", "ro,noload", part, dir)
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			// Detach lazily so the mount cannot outlive the test;
-			// the loop device is then freed on last close.
-			t.Errorf("umount %s: %v %s; detaching", dir, err, out)
-			exec.Command("umount", "-l", dir).Run()
+	dir = t.TempDir()
+	args := []string{"-t", "ext4", dev, dir}
+	if opts != "" {
+		args = append([]string{"-o", opts}, args...)
+	}
+	qemu.Run(t, "mount", args...)
+	done := false
+	unmount = func() {
+		if !done {
+			done = true
+			if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+				// Detach lazily so the mount cannot outlive the test;
+				// the loop device is then freed on last close.
+				t.Errorf("umount %s: %v %s; detaching", dir, err, out)
+				exec.Command("umount", "-l", dir).Run()
+			}
 		}
-	})
-	return dir
+	}
+	t.Cleanup(unmount)
+	return dir, unmount
 }
 
-// readGuestTree walks the mounted guest file system and returns what it
-// finds, the way writeGuestTree describes what it wrote. lost+found is
-// mkfs's, not ours.
-func readGuestTree(t testing.TB, root string) map[string]treeEntry {
+// ReadTree walks the folder root (a mounted guest file system, a source
+// folder) and returns what it finds, the way WriteGuestTree describes what
+// it wrote. lost+found is mkfs's, not ours.
+func ReadTree(t testing.TB, root string) map[string]TreeEntry {
 	t.Helper()
-	tree := map[string]treeEntry{}
+	tree := map[string]TreeEntry{}
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -291,7 +266,7 @@ func readGuestTree(t testing.TB, root string) map[string]treeEntry {
 		case rel == "lost+found":
 			return fs.SkipDir
 		case d.IsDir():
-			tree[filepath.ToSlash(rel)] = treeEntry{dir: true}
+			tree[filepath.ToSlash(rel)] = TreeEntry{Dir: true}
 			return nil
 		case !d.Type().IsRegular():
 			return fmt.Errorf("%s: unexpected file type %v", rel, d.Type())
@@ -313,17 +288,18 @@ func readGuestTree(t testing.TB, root string) map[string]treeEntry {
 		if n != st.Size() {
 			return fmt.Errorf("%s: read %d bytes, stat says %d", rel, n, st.Size())
 		}
-		tree[filepath.ToSlash(rel)] = treeEntry{size: n, sum: hex.EncodeToString(h.Sum(nil))}
+		tree[filepath.ToSlash(rel)] = TreeEntry{Size: n, Sum: hex.EncodeToString(h.Sum(nil))}
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("walking the guest file system: %v", err)
+		t.Fatalf("walking %s: %v", root, err)
 	}
 	return tree
 }
 
-// compareTrees reports every path missing, extra or different in got.
-func compareTrees(t testing.TB, got, want map[string]treeEntry) {
+// CompareTrees reports every path missing, extra or different in got
+// (ReadTree) as compared with want.
+func CompareTrees(t testing.TB, got, want map[string]TreeEntry) {
 	t.Helper()
 	var paths []string
 	for p := range want {
@@ -340,9 +316,9 @@ func compareTrees(t testing.TB, got, want map[string]treeEntry) {
 		w, inWant := want[p]
 		switch {
 		case !inGot:
-			t.Errorf("%s: missing from the guest (want %v)", p, w)
+			t.Errorf("%s: missing (want %v)", p, w)
 		case !inWant:
-			t.Errorf("%s: in the guest but never put there (%v)", p, g)
+			t.Errorf("%s: there but never put there (%v)", p, g)
 		case g != w:
 			t.Errorf("%s: got %v, want %v", p, g, w)
 		}

@@ -1,4 +1,4 @@
-package test
+package hostile
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -20,7 +21,7 @@ import (
 // other images of the mount read correctly, and the daemon logs the
 // failure once per image.
 func TestCorruptCompressedCluster(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	raw := filepath.Join(src, "text.raw")
 	var text bytes.Buffer
@@ -60,7 +61,7 @@ func TestCorruptCompressedCluster(t *testing.T) {
 		}
 	}
 
-	m := mountImages(t, src)
+	m := harness.Mount(t, src)
 	want, err := os.ReadFile(pristine)
 	if err != nil {
 		t.Fatal(err)
@@ -82,9 +83,9 @@ func TestCorruptCompressedCluster(t *testing.T) {
 			}
 		}
 		f.Close()
-		if n := countLines(m.logText(t), name+".qcow2"); n != 1 {
-			t.Errorf("want one log line for %s, got %d:\n%s", name, n, m.logText(t))
+		if n := harness.CountLines(m.LogText(t), name+".qcow2"); n != 1 {
+			t.Errorf("want one log line for %s, got %d:\n%s", name, n, m.LogText(t))
 		}
 	}
-	sameFile(t, filepath.Join(m.Dir, "good.raw"), pristine)
+	harness.SameFile(t, filepath.Join(m.Dir, "good.raw"), pristine)
 }

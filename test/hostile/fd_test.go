@@ -1,9 +1,8 @@
-package test
+package hostile
 
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -11,23 +10,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
-// mountLimited mounts src like mountImages, with the daemon started under
-// prlimit --nofile=soft:hard.
-func mountLimited(t *testing.T, src string, soft, hard int) *mount {
+// mountLimited mounts src with the daemon started under prlimit
+// --nofile=soft:hard.
+func mountLimited(t *testing.T, src string, soft, hard int) *harness.Mounted {
 	t.Helper()
-	requireFUSE(t)
 	qemu.Require(t, "prlimit")
-	m := &mount{Dir: t.TempDir(), Log: filepath.Join(t.TempDir(), "qcowfs.log")}
-	out, err := exec.Command("prlimit", fmt.Sprintf("--nofile=%d:%d", soft, hard), qcowfsBin,
-		"mount", "--log-file", m.Log, "--log-level", "debug", src, m.Dir).CombinedOutput()
-	if err != nil {
-		t.Fatalf("qcowfs mount under prlimit: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { m.unmount(t) })
-	return m
+	return harness.Daemon{Wrap: []string{"prlimit", fmt.Sprintf("--nofile=%d:%d", soft, hard)}}.Mount(t, src)
 }
 
 // nofile returns the soft and hard RLIMIT_NOFILE of process pid.
@@ -55,10 +47,10 @@ func TestHostileDescriptorLimit(t *testing.T) {
 	src := qemu.TempDir(t)
 	qemu.Create(t, "qcow2", filepath.Join(src, "a.qcow2"), "1M")
 	m := mountLimited(t, src, 256, 4096)
-	if soft, hard := nofile(t, m.pid(t)); soft != "4095" || hard != "4096" {
+	if soft, hard := nofile(t, m.PID(t)); soft != "4095" || hard != "4096" {
 		t.Errorf("the daemon's open file limit is %s (hard %s); started with 256:4096", soft, hard)
 	}
-	if log := m.logText(t); !strings.Contains(log, "msg=\"file descriptors\" limit=4095") {
+	if log := m.LogText(t); !strings.Contains(log, "msg=\"file descriptors\" limit=4095") {
 		t.Errorf("the log does not give the limit:\n%s", log)
 	}
 }
@@ -81,10 +73,10 @@ func TestHostileDescriptorBudget(t *testing.T) {
 	copies(t, tmpl, b, 5)
 	os.WriteFile(filepath.Join(b, "notes.txt"), []byte("plain"), 0o644)
 	m := mountLimited(t, src, 512, 512)
-	pid := m.pid(t)
+	pid := m.PID(t)
 	listWithin(t, filepath.Join(m.Dir, "a"), 30*time.Second)
 	listWithin(t, filepath.Join(m.Dir, "b"), 30*time.Second)
-	base := readProc(t, pid)
+	base := harness.ReadProc(t, pid)
 
 	var held []*os.File
 	defer func() {
@@ -113,14 +105,14 @@ func TestHostileDescriptorBudget(t *testing.T) {
 			}
 		}()
 	}
-	probe(t, "opening 150 images", 60*time.Second, func() (int, error) { wg.Wait(); return 0, nil })
-	during := readProc(t, pid)
+	harness.Within(t, "opening 150 images", 60*time.Second, func() (int, error) { wg.Wait(); return 0, nil })
+	during := harness.ReadProc(t, pid)
 	t.Logf("folder a: %d opened, %d refused (EMFILE); daemon %v (before %v)", opened, refused, during, base)
 	if refused == 0 || opened == 0 {
 		t.Errorf("%d opened, %d refused: the budget did not hold (or let nothing in)", opened, refused)
 	}
-	if during.fds > 512 {
-		t.Errorf("the daemon holds %d descriptors, its limit is 512", during.fds)
+	if during.FDs > 512 {
+		t.Errorf("the daemon holds %d descriptors, its limit is 512", during.FDs)
 	}
 	// Everything else still works.
 	for i := 0; i < 5; i++ {
@@ -139,15 +131,15 @@ func TestHostileDescriptorBudget(t *testing.T) {
 		t.Errorf("a plain file: %q, %v", txt, err)
 	}
 	listWithin(t, m.Dir, 30*time.Second)
-	if log := m.logText(t); !strings.Contains(log, "too many open images") {
+	if log := m.LogText(t); !strings.Contains(log, "too many open images") {
 		t.Errorf("no log line about the budget:\n%s", log)
 	}
 	for _, f := range held {
 		f.Close()
 	}
 	held = nil
-	waitFor(t, "the daemon to close the images", 30*time.Second, func() bool { return readProc(t, pid).files <= base.files })
-	noPanics(t, m)
+	harness.WaitFor(t, "the daemon to close the images", 30*time.Second, func() bool { return harness.ReadProc(t, pid).Files <= base.Files })
+	m.NoPanics(t)
 }
 
 // TestHostileManyImagesDescriptors: 21,000 images in a folder, more than
@@ -166,8 +158,8 @@ func TestHostileManyImagesDescriptors(t *testing.T) {
 	copies(t, tmpl, dir, n)
 	os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("plain"), 0o644)
 	m := mountLimited(t, src, 20000, 20000)
-	pid := m.pid(t)
-	base := readProc(t, pid)
+	pid := m.PID(t)
+	base := harness.ReadProc(t, pid)
 	// Sample the daemon's descriptors while it lists.
 	stop := make(chan struct{})
 	peak := make(chan int)
@@ -190,15 +182,15 @@ func TestHostileManyImagesDescriptors(t *testing.T) {
 	close(stop)
 	most := <-peak
 	t.Logf("%d images: listing with stats %v; daemon descriptors %d before, at most %d during; %v", n,
-		time.Since(start).Round(time.Millisecond), base.fds, most, readProc(t, pid))
+		time.Since(start).Round(time.Millisecond), base.FDs, most, harness.ReadProc(t, pid))
 	if len(listed) != n+1 {
 		t.Errorf("%d names listed, want %d", len(listed), n+1)
 	}
-	if most > base.fds+64 {
-		t.Errorf("the daemon held up to %d descriptors while listing (%d before)", most, base.fds)
+	if most > base.FDs+64 {
+		t.Errorf("the daemon held up to %d descriptors while listing (%d before)", most, base.FDs)
 	}
-	if p := readProc(t, pid); p.hwmKB > memBound(160) {
-		t.Errorf("the daemon peaked at %d MiB", p.hwmKB>>10)
+	if p := harness.ReadProc(t, pid); p.HWMKB > harness.MemBound(160) {
+		t.Errorf("the daemon peaked at %d MiB", p.HWMKB>>10)
 	}
 	if txt, err := os.ReadFile(filepath.Join(m.Dir, "lots", "notes.txt")); err != nil || string(txt) != "plain" {
 		t.Errorf("a plain file: %q, %v", txt, err)
@@ -206,5 +198,5 @@ func TestHostileManyImagesDescriptors(t *testing.T) {
 	if b, err := probeImage(t, filepath.Join(m.Dir, "lots", "img-20999.raw")); err != nil || b[0] != 0x31 {
 		t.Errorf("an image of the folder: %v", err)
 	}
-	noPanics(t, m)
+	m.NoPanics(t)
 }

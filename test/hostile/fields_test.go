@@ -1,4 +1,4 @@
-package test
+package hostile
 
 import (
 	"bytes"
@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -53,7 +54,7 @@ func edgeValues(size int) []uint64 {
 // not shown has a log line, and qcowfs info, map and check finish on every
 // one within bounds of time and memory.
 func TestHostileFieldsNearLimits(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	tmpl := t.TempDir()
 
@@ -142,20 +143,20 @@ func TestHostileFieldsNearLimits(t *testing.T) {
 	qemu.IO(t, good, "write -P 0x61 0 1M", "write -P 0x62 3M 64k")
 	goodRaw := qemu.ToRaw(t, good, filepath.Join(t.TempDir(), "good.raw"))
 
-	m := mountImages(t, src)
-	pid := m.pid(t)
-	before := readProc(t, pid)
+	m := harness.Mount(t, src)
+	pid := m.PID(t)
+	before := harness.ReadProc(t, pid)
 	start := time.Now()
 	listed := listWithin(t, m.Dir, 120*time.Second)
 	t.Logf("listing %d hostile images and a canary: %v", len(hostile), time.Since(start).Round(time.Millisecond))
 	if !slices.Contains(listed, "good.raw") {
 		t.Fatalf("the canary is not listed: %q", listed)
 	}
-	probe(t, "reading the canary", 30*time.Second, func() (int, error) {
-		sameFile(t, filepath.Join(m.Dir, "good.raw"), goodRaw)
+	harness.Within(t, "reading the canary", 30*time.Second, func() (int, error) {
+		harness.SameFile(t, filepath.Join(m.Dir, "good.raw"), goodRaw)
 		return 0, nil
 	})
-	log := m.logText(t)
+	log := m.LogText(t)
 	shown, compared := 0, 0
 	for _, p := range hostile {
 		raw := strings.TrimSuffix(filepath.Base(p), ".qcow2") + ".raw"
@@ -181,11 +182,11 @@ func TestHostileFieldsNearLimits(t *testing.T) {
 		}
 	}
 	t.Logf("%d hostile images: %d shown (%d compared with qemu-img convert), %d refused", len(hostile), shown, compared, len(hostile)-shown)
-	noPanics(t, m)
+	m.NoPanics(t)
 	// Once its background counts are done, the daemon holds no image.
-	waitFor(t, "the daemon to close every image", 60*time.Second, func() bool { return readProc(t, pid).files <= before.files })
-	t.Logf("daemon before: %v; after: %v", before, readProc(t, pid))
-	cliBoundedAll(t, hostile)
+	harness.WaitFor(t, "the daemon to close every image", 60*time.Second, func() bool { return harness.ReadProc(t, pid).Files <= before.Files })
+	t.Logf("daemon before: %v; after: %v", before, harness.ReadProc(t, pid))
+	boundedAll(t, hostile)
 }
 
 // probeImage reads a served disk of at most 64 MiB whole (more: its first
@@ -193,7 +194,7 @@ func TestHostileFieldsNearLimits(t *testing.T) {
 // the bytes read.
 func probeImage(t testing.TB, path string) ([]byte, error) {
 	t.Helper()
-	return probe(t, "probing "+path, 60*time.Second, func() ([]byte, error) {
+	return harness.Within(t, "probing "+path, 60*time.Second, func() ([]byte, error) {
 		f, err := os.Open(path)
 		if err != nil {
 			return nil, err

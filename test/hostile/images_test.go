@@ -1,8 +1,9 @@
-package test
+package hostile
 
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -19,29 +21,16 @@ import (
 // does not answer within d: a hostile image must not hang the daemon.
 func readWithin(t *testing.T, path string, off int64, n int, d time.Duration) ([]byte, error) {
 	t.Helper()
-	type result struct {
-		b   []byte
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
+	return harness.Within(t, fmt.Sprintf("reading %s at %d", path, off), d, func() ([]byte, error) {
 		f, err := os.Open(path)
 		if err != nil {
-			ch <- result{nil, err}
-			return
+			return nil, err
 		}
 		defer f.Close()
 		b := make([]byte, n)
 		k, err := f.ReadAt(b, off)
-		ch <- result{b[:k], err}
-	}()
-	select {
-	case r := <-ch:
-		return r.b, r.err
-	case <-time.After(d):
-		t.Fatalf("reading %s at %d did not answer within %v", path, off, d)
-		return nil, nil
-	}
+		return b[:k], err
+	})
 }
 
 // TestHostileImages mounts a folder of malformed and hostile images beside
@@ -50,7 +39,7 @@ func readWithin(t *testing.T, path string, off int64, n int, d time.Duration) ([
 // read hangs, the daemon keeps serving, nothing outside the source folder
 // is ever read, and the good images read byte-exact.
 func TestHostileImages(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	mk := func(name, size string, opts ...string) string {
 		p := filepath.Join(src, name)
@@ -157,10 +146,10 @@ func TestHostileImages(t *testing.T) {
 	}
 	served := []string{"good.qcow2", "dirty.qcow2", "lazy.qcow2", "compat.qcow2", "noformat.qcow2", "declared-raw.qcow2", "datafile.qcow2"}
 
-	m := mountImages(t, src)
-	listed := names(t, m.Dir)
-	names(t, m.Dir) // a second listing must not log again
-	log := m.logText(t)
+	m := harness.Mount(t, src)
+	listed := harness.Names(t, m.Dir)
+	harness.Names(t, m.Dir) // a second listing must not log again
+	log := m.LogText(t)
 	for name, reason := range refused {
 		if slices.Contains(listed, strings.TrimSuffix(name, ".qcow2")+".raw") {
 			t.Errorf("%s is shown; it must be refused (%s)", name, reason)
@@ -214,14 +203,14 @@ func TestHostileImages(t *testing.T) {
 		t.Errorf("reading an intact cluster of l2eof.raw: %v", err)
 	}
 	// The daemon still serves the good image after all that.
-	sameFile(t, filepath.Join(m.Dir, "good.raw"), qemu.ToRaw(t, good, filepath.Join(t.TempDir(), "good.raw")))
+	harness.SameFile(t, filepath.Join(m.Dir, "good.raw"), qemu.ToRaw(t, good, filepath.Join(t.TempDir(), "good.raw")))
 
 	// With --allow-corrupt the corrupt image is served, with a warning.
-	m2 := mountImages(t, src, "--allow-corrupt")
-	if !slices.Contains(names(t, m2.Dir), "corrupt.raw") {
+	m2 := harness.Mount(t, src, "--allow-corrupt")
+	if !slices.Contains(harness.Names(t, m2.Dir), "corrupt.raw") {
 		t.Errorf("--allow-corrupt does not show corrupt.raw")
 	}
-	if log := m2.logText(t); !strings.Contains(log, "corrupt bit set") {
+	if log := m2.LogText(t); !strings.Contains(log, "corrupt bit set") {
 		t.Errorf("no warning for the corrupt image:\n%s", log)
 	}
 }

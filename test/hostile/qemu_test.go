@@ -1,4 +1,4 @@
-package test
+package hostile
 
 import (
 	"os"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -19,7 +20,7 @@ import (
 // two snapshots with the same ID are each served with their own content
 // (qemu-img convert -l snapshot.name=).
 func TestHostileAgreeWithQemu(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	odd := filepath.Join(src, "odd.qcow2")
 	qemu.Create(t, "qcow2", odd, "2M")
@@ -50,15 +51,15 @@ func TestHostileAgreeWithQemu(t *testing.T) {
 		t.Fatalf("qemu-img info lists IDs %q", ids)
 	}
 
-	m := mountImages(t, src)
+	m := harness.Mount(t, src)
 	listed := listWithin(t, m.Dir, 20*time.Second)
 	want := qemu.Info(t, odd)["virtual-size"].(float64)
 	st, err := os.Stat(filepath.Join(m.Dir, "odd.raw"))
 	if err != nil || float64(st.Size()) != want {
 		t.Errorf("odd.raw: %v, size %d; qemu-img info says %v", err, st.Size(), want)
 	}
-	probe(t, "reading odd.raw", 20*time.Second, func() (int, error) {
-		sameFile(t, filepath.Join(m.Dir, "odd.raw"), qemu.ToRaw(t, odd, filepath.Join(t.TempDir(), "odd.raw")))
+	harness.Within(t, "reading odd.raw", 20*time.Second, func() (int, error) {
+		harness.SameFile(t, filepath.Join(m.Dir, "odd.raw"), qemu.ToRaw(t, odd, filepath.Join(t.TempDir(), "odd.raw")))
 		return 0, nil
 	})
 	for _, name := range []string{"first", "second"} {
@@ -69,8 +70,8 @@ func TestHostileAgreeWithQemu(t *testing.T) {
 		}
 		want := filepath.Join(t.TempDir(), name+".raw")
 		qemu.Img(t, "convert", "-O", "raw", "-l", "snapshot.name="+name, snaps, want)
-		probe(t, "reading "+raw, 20*time.Second, func() (int, error) {
-			sameFile(t, filepath.Join(m.Dir, raw), want)
+		harness.Within(t, "reading "+raw, 20*time.Second, func() (int, error) {
+			harness.SameFile(t, filepath.Join(m.Dir, raw), want)
 			return 0, nil
 		})
 	}
@@ -79,9 +80,9 @@ func TestHostileAgreeWithQemu(t *testing.T) {
 			t.Errorf("%s is shown; qemu cannot apply that snapshot", name)
 		}
 	}
-	if log := m.logText(t); !strings.Contains(log, "snapshot not shown") || !strings.Contains(log, "multiple of 512") {
+	if log := m.LogText(t); !strings.Contains(log, "snapshot not shown") || !strings.Contains(log, "multiple of 512") {
 		t.Errorf("no line says why the snapshot of odd size is not shown:\n%s", log)
 	}
-	noPanics(t, m)
-	cliBoundedAll(t, []string{odd, snaps})
+	m.NoPanics(t)
+	boundedAll(t, []string{odd, snaps})
 }

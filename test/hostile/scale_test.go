@@ -1,4 +1,4 @@
-package test
+package hostile
 
 import (
 	"bytes"
@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -61,7 +62,7 @@ func forgeSnapshots(t *testing.T, image string, n int) {
 // statAll lstats every name of dir, like ls -l, within d.
 func statAll(t *testing.T, dir string, names []string, d time.Duration) {
 	t.Helper()
-	probe(t, "stat of every name in "+dir, d, func() (int, error) {
+	harness.Within(t, "stat of every name in "+dir, d, func() (int, error) {
 		for _, n := range names {
 			var st unix.Stat_t
 			if err := unix.Lstat(filepath.Join(dir, n), &st); err != nil {
@@ -79,7 +80,7 @@ func statAll(t *testing.T, dir string, names []string, d time.Duration) {
 // reads what qemu-img convert -l reads, and the daemon's memory stays
 // bounded.
 func TestHostileManySnapshots(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	img := filepath.Join(src, "many.qcow2")
 	qemu.Create(t, "qcow2", img, "16M")
@@ -93,45 +94,45 @@ func TestHostileManySnapshots(t *testing.T) {
 	qemu.Create(t, "qcow2", canary, "1M")
 	qemu.IO(t, canary, "write -P 0x61 0 1M")
 
-	m := mountImages(t, src)
-	pid := m.pid(t)
+	m := harness.Mount(t, src)
+	pid := m.PID(t)
 	start := time.Now()
-	p0 := readProc(t, pid)
+	p0 := harness.ReadProc(t, pid)
 	listed := listWithin(t, m.Dir, 120*time.Second)
 	statAll(t, m.Dir, listed, 300*time.Second)
-	p1 := readProc(t, pid)
-	t.Logf("listing and stat of %d names: %v, %d MiB read; daemon %v", len(listed), time.Since(start).Round(time.Millisecond), (p1.rchar-p0.rchar)>>20, p1)
+	p1 := harness.ReadProc(t, pid)
+	t.Logf("listing and stat of %d names: %v, %d MiB read; daemon %v", len(listed), time.Since(start).Round(time.Millisecond), (p1.Rchar-p0.Rchar)>>20, p1)
 	if len(listed) != n+2 {
 		t.Errorf("%d names listed, want %d (the image, its snapshots, the canary)", len(listed), n+2)
 	}
 	start = time.Now()
 	again := listWithin(t, m.Dir, 120*time.Second)
 	statAll(t, m.Dir, again, 300*time.Second)
-	p2 := readProc(t, pid)
-	t.Logf("again: %v, %d KiB read; daemon %v", time.Since(start).Round(time.Millisecond), (p2.rchar-p1.rchar)>>10, p2)
-	if p2.rchar-p1.rchar > (p1.rchar-p0.rchar)/2 {
-		t.Errorf("the second listing read %d bytes, the first %d: the scan is not kept", p2.rchar-p1.rchar, p1.rchar-p0.rchar)
+	p2 := harness.ReadProc(t, pid)
+	t.Logf("again: %v, %d KiB read; daemon %v", time.Since(start).Round(time.Millisecond), (p2.Rchar-p1.Rchar)>>10, p2)
+	if p2.Rchar-p1.Rchar > (p1.Rchar-p0.Rchar)/2 {
+		t.Errorf("the second listing read %d bytes, the first %d: the scan is not kept", p2.Rchar-p1.Rchar, p1.Rchar-p0.Rchar)
 	}
 	want := filepath.Join(t.TempDir(), "s.raw")
 	qemu.Img(t, "convert", "-O", "raw", "-l", "snapshot.name=s-40000", img, want)
-	probe(t, "reading a snapshot", 60*time.Second, func() (int, error) {
-		sameFile(t, filepath.Join(m.Dir, "many@s-40000.raw"), want)
+	harness.Within(t, "reading a snapshot", 60*time.Second, func() (int, error) {
+		harness.SameFile(t, filepath.Join(m.Dir, "many@s-40000.raw"), want)
 		return 0, nil
 	})
 	if b, err := probeImage(t, filepath.Join(m.Dir, "canary.raw")); err != nil || b[0] != 0x61 {
 		t.Errorf("the canary: %v", err)
 	}
-	if p := readProc(t, pid); p.hwmKB > memBound(384) {
-		t.Errorf("the daemon peaked at %d MiB", p.hwmKB>>10)
+	if p := harness.ReadProc(t, pid); p.HWMKB > harness.MemBound(384) {
+		t.Errorf("the daemon peaked at %d MiB", p.HWMKB>>10)
 	}
-	noPanics(t, m)
-	cliBoundedAll(t, []string{img})
+	m.NoPanics(t)
+	boundedAll(t, []string{img})
 }
 
 // TestHostileManyImages: 2,000 images in a folder. A listing with a stat
 // of every name is one scan; the second reads no image again.
 func TestHostileManyImages(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	dir := filepath.Join(src, "lots")
 	os.Mkdir(dir, 0o755)
@@ -139,24 +140,24 @@ func TestHostileManyImages(t *testing.T) {
 	qemu.Create(t, "qcow2", tmpl, "1M", "-o", "cluster_size=512")
 	qemu.IO(t, tmpl, "write -P 0x31 0 4k")
 	copies(t, tmpl, dir, 2000)
-	m := mountImages(t, src)
-	pid := m.pid(t)
-	p0 := readProc(t, pid)
+	m := harness.Mount(t, src)
+	pid := m.PID(t)
+	p0 := harness.ReadProc(t, pid)
 	start := time.Now()
 	listed := listWithin(t, filepath.Join(m.Dir, "lots"), 120*time.Second)
 	statAll(t, filepath.Join(m.Dir, "lots"), listed, 120*time.Second)
-	p1 := readProc(t, pid)
+	p1 := harness.ReadProc(t, pid)
 	first := time.Since(start)
 	start = time.Now()
 	statAll(t, filepath.Join(m.Dir, "lots"), listWithin(t, filepath.Join(m.Dir, "lots"), 120*time.Second), 120*time.Second)
-	p2 := readProc(t, pid)
+	p2 := harness.ReadProc(t, pid)
 	t.Logf("2,000 images: first listing with stats %v, %d KiB read; second %v, %d KiB read", first.Round(time.Millisecond),
-		(p1.rchar-p0.rchar)>>10, time.Since(start).Round(time.Millisecond), (p2.rchar-p1.rchar)>>10)
+		(p1.Rchar-p0.Rchar)>>10, time.Since(start).Round(time.Millisecond), (p2.Rchar-p1.Rchar)>>10)
 	if len(listed) != 2000 {
 		t.Errorf("%d names listed", len(listed))
 	}
-	if p2.rchar-p1.rchar > (p1.rchar-p0.rchar)/4 {
-		t.Errorf("the second listing read %d bytes, the first %d", p2.rchar-p1.rchar, p1.rchar-p0.rchar)
+	if p2.Rchar-p1.Rchar > (p1.Rchar-p0.Rchar)/4 {
+		t.Errorf("the second listing read %d bytes, the first %d", p2.Rchar-p1.Rchar, p1.Rchar-p0.Rchar)
 	}
 }
 
@@ -180,7 +181,7 @@ func copies(t testing.TB, file, dir string, n int) {
 // reader read the table and mapped its million clusters once per entry,
 // gigabytes; the daemon and qcowfs check stay within bounds.
 func TestHostileBitmapMemory(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	img := filepath.Join(src, "bitmaps.qcow2")
 	qemu.Create(t, "qcow2", img, "64M", "-o", "cluster_size=512")
@@ -230,24 +231,24 @@ func TestHostileBitmapMemory(t *testing.T) {
 	qemu.Create(t, "qcow2", canary, "1M")
 	qemu.IO(t, canary, "write -P 0x61 0 1M")
 
-	m := mountImages(t, src)
-	pid := m.pid(t)
+	m := harness.Mount(t, src)
+	pid := m.PID(t)
 	listed := listWithin(t, m.Dir, 60*time.Second)
 	if !slices.Contains(listed, "bitmaps.raw") {
-		t.Errorf("bitmaps.raw is not shown: %q\n%s", listed, m.logText(t))
+		t.Errorf("bitmaps.raw is not shown: %q\n%s", listed, m.LogText(t))
 	} else if b, err := probeImage(t, filepath.Join(m.Dir, "bitmaps.raw")); err != nil || b[0] != 0x41 {
 		t.Errorf("bitmaps.raw: %v", err)
 	}
 	if b, err := probeImage(t, filepath.Join(m.Dir, "canary.raw")); err != nil || b[0] != 0x61 {
 		t.Errorf("the canary: %v", err)
 	}
-	p := readProc(t, pid)
+	p := harness.ReadProc(t, pid)
 	t.Logf("daemon: %v", p)
-	if p.hwmKB > memBound(256) {
-		t.Errorf("the daemon peaked at %d MiB", p.hwmKB>>10)
+	if p.HWMKB > harness.MemBound(256) {
+		t.Errorf("the daemon peaked at %d MiB", p.HWMKB>>10)
 	}
-	noPanics(t, m)
-	cliBoundedAll(t, []string{img})
+	m.NoPanics(t)
+	boundedAll(t, []string{img})
 }
 
 // TestHostileSparseTail: a 512-byte-cluster image whose file is extended
@@ -257,7 +258,7 @@ func TestHostileBitmapMemory(t *testing.T) {
 // check of the extended file fails: it wants 66 GB for its counters),
 // qcowfs map what qemu-img map prints, within bounds.
 func TestHostileSparseTail(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	img := filepath.Join(src, "tail.qcow2")
 	qemu.Create(t, "qcow2", img, "64M", "-o", "cluster_size=512")
@@ -266,45 +267,45 @@ func TestHostileSparseTail(t *testing.T) {
 	qemu.Run(t, "cp", img, before)
 	wantRaw := qemu.ToRaw(t, before, filepath.Join(t.TempDir(), "before.raw"))
 	wantMap := qemu.Map(t, before)
-	wantCheck, wantCode := checkJSON(t, "qemu-img", before)
+	q := harness.RunCmd(t, exec.Command("qemu-img", "check", "--output=json", before))
+	var wantCheck map[string]any
+	q.JSON(t, &wantCheck)
 	if err := os.Truncate(img, 15<<40); err != nil {
 		t.Skipf("cannot extend a file to 15 TiB here: %v", err)
 	}
-	m := mountImages(t, src)
-	probe(t, "reading the disk", 60*time.Second, func() (int, error) {
-		sameFile(t, filepath.Join(m.Dir, "tail.raw"), wantRaw)
+	m := harness.Mount(t, src)
+	harness.Within(t, "reading the disk", 60*time.Second, func() (int, error) {
+		harness.SameFile(t, filepath.Join(m.Dir, "tail.raw"), wantRaw)
 		return 0, nil
 	})
-	runs := cliBounded(t, img)
+	runs := bounded(t, img)
 	t.Logf("15 TiB sparse file: info %d MiB %v, map %d MiB %v, check %d MiB %v", runs["info"].rssKB>>10, runs["info"].wall,
 		runs["map"].rssKB>>10, runs["map"].wall, runs["check"].rssKB>>10, runs["check"].wall)
-	got, code := checkJSON(t, qcowfsBin, img)
+	us := harness.RunCmdTimeout(t, exec.Command(harness.Bin(), "check", "--output=json", img), 2*time.Minute)
+	var got map[string]any
+	us.JSON(t, &got)
 	delete(got, "filename")
 	delete(wantCheck, "filename")
-	if !reflect.DeepEqual(got, wantCheck) || code != wantCode {
-		t.Errorf("qcowfs check (exit %d): %v\nqemu-img check before the extension (exit %d): %v", code, got, wantCode, wantCheck)
+	if !reflect.DeepEqual(got, wantCheck) || us.Code != q.Code {
+		t.Errorf("qcowfs check (exit %d): %v\nqemu-img check before the extension (exit %d): %v", us.Code, got, q.Code, wantCheck)
 	}
-	out, err := exec.Command(qcowfsBin, "map", "--output=json", img).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
+	mapped := harness.RunCmdTimeout(t, exec.Command(harness.Bin(), "map", "--output=json", img), 2*time.Minute)
+	harness.WantOK(t, "qcowfs map --output=json", mapped)
 	var gotMap []qemu.MapEntry
-	if err := json.Unmarshal(out, &gotMap); err != nil {
-		t.Fatal(err)
-	}
+	mapped.JSON(t, &gotMap)
 	for i := range gotMap {
 		if i < len(wantMap) && wantMap[i].Compressed == nil {
 			gotMap[i].Compressed = nil
 		}
 	}
 	if !reflect.DeepEqual(gotMap, wantMap) {
-		t.Errorf("qcowfs map:\n%s\nqemu-img map before the extension:\n%s", out, dumpMap(wantMap))
+		t.Errorf("qcowfs map:\n%s\nqemu-img map before the extension:\n%s", mapped.Stdout, dumpMap(wantMap))
 	}
 	var st syscall.Stat_t
 	if err := syscall.Stat(filepath.Join(m.Dir, "tail.raw"), &st); err != nil || st.Size != 64<<20 {
 		t.Errorf("stat: %v, %d bytes", err, st.Size)
 	}
-	noPanics(t, m)
+	m.NoPanics(t)
 }
 
 func dumpMap(m []qemu.MapEntry) string {

@@ -1,4 +1,4 @@
-package test
+package hostile
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -61,7 +62,7 @@ func (f *stuckFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.A
 // answer, a second image in the stuck folder is not needed for them, and
 // once the disk answers the stuck folder is listed too.
 func TestHostileStuckDisk(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	img := filepath.Join(t.TempDir(), "stuck.qcow2")
 	qemu.Create(t, "qcow2", img, "1M")
@@ -101,7 +102,7 @@ func TestHostileStuckDisk(t *testing.T) {
 	qemu.Create(t, "qcow2", canary, "1M")
 	qemu.IO(t, canary, "write -P 0x61 0 1M")
 
-	m := mountImages(t, src)
+	m := harness.Mount(t, src)
 	// Someone lists the stuck folder: qcowfs reads the image's header
 	// and waits.
 	stuckList := make(chan []string, 1)
@@ -143,5 +144,5 @@ func TestHostileStuckDisk(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the stuck folder's listing did not finish after its disk answered")
 	}
-	noPanics(t, m)
+	m.NoPanics(t)
 }

@@ -1,4 +1,4 @@
-package test
+package hostile
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -24,7 +25,7 @@ import (
 // whole-file copy fails rather than ending short, and nothing read
 // before (another image's bytes, in pooled buffers) is ever served.
 func TestHostileShrunkHostFile(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	for _, readPath := range []string{"splice", "copy"} {
 		t.Run(readPath, func(t *testing.T) {
 			src := qemu.TempDir(t)
@@ -44,7 +45,7 @@ func TestHostileShrunkHostFile(t *testing.T) {
 			many := filepath.Join(src, "many.qcow2")
 			qemu.Create(t, "qcow2", many, "4M")
 			qemu.IO(t, many, cmds...)
-			m := mountImages(t, src, "--read-path="+readPath)
+			m := harness.Mount(t, src, "--read-path="+readPath)
 			canaryRaw := qemu.ToRaw(t, canary, filepath.Join(t.TempDir(), "canary.raw"))
 
 			for _, name := range []string{"one", "many"} {
@@ -61,11 +62,11 @@ func TestHostileShrunkHostFile(t *testing.T) {
 					t.Fatalf("%s: data cluster 8 at %#x lies before its L2 table", name, host)
 				}
 				// Fill the daemon's buffers with the canary's bytes.
-				sameFile(t, filepath.Join(m.Dir, "canary.raw"), canaryRaw)
+				harness.SameFile(t, filepath.Join(m.Dir, "canary.raw"), canaryRaw)
 				if err := os.Truncate(img, host); err != nil {
 					t.Fatal(err)
 				}
-				b, err := probe(t, "reading past the new end", 20*time.Second, func() ([]byte, error) {
+				b, err := harness.Within(t, "reading past the new end", 20*time.Second, func() ([]byte, error) {
 					b := make([]byte, 1<<20)
 					n, err := f.ReadAt(b, 2<<20)
 					return b[:n], err
@@ -77,7 +78,7 @@ func TestHostileShrunkHostFile(t *testing.T) {
 					t.Errorf("%s: served the canary's bytes", name)
 				}
 				// A copy of the whole disk fails; it does not end early.
-				n, err := probe(t, "copying the disk", 30*time.Second, func() (int64, error) {
+				n, err := harness.Within(t, "copying the disk", 30*time.Second, func() (int64, error) {
 					g, err := os.Open(filepath.Join(m.Dir, name+".raw"))
 					if err != nil {
 						return 0, err
@@ -89,9 +90,9 @@ func TestHostileShrunkHostFile(t *testing.T) {
 					t.Errorf("%s: copying the disk: %d bytes, %v; want EIO (not an early end)", name, n, err)
 				}
 			}
-			sameFile(t, filepath.Join(m.Dir, "canary.raw"), canaryRaw)
-			noPanics(t, m)
-			if log := m.logText(t); !strings.Contains(log, "short read") {
+			harness.SameFile(t, filepath.Join(m.Dir, "canary.raw"), canaryRaw)
+			m.NoPanics(t)
+			if log := m.LogText(t); !strings.Contains(log, "short read") {
 				t.Errorf("no log line names the short read:\n%s", log)
 			}
 		})
@@ -104,7 +105,7 @@ func TestHostileShrunkHostFile(t *testing.T) {
 // not through the handle, not to the process in it, not to a fresh
 // lookup.
 func TestHostileSwappedFolder(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	outside := t.TempDir()
 	sub := filepath.Join(src, "sub")
@@ -116,7 +117,7 @@ func TestHostileSwappedFolder(t *testing.T) {
 	qemu.Create(t, "qcow2", secret, "1M")
 	qemu.IO(t, secret, "write -P 0xee 0 1M")
 	os.WriteFile(filepath.Join(outside, "secret.txt"), []byte("OUTSIDE-SECRET"), 0o644)
-	m := mountImages(t, src)
+	m := harness.Mount(t, src)
 
 	d, err := os.Open(filepath.Join(m.Dir, "sub"))
 	if err != nil {
@@ -143,7 +144,7 @@ func TestHostileSwappedFolder(t *testing.T) {
 	}
 	stdin.Write([]byte("go\n"))
 	stdin.Close()
-	probe(t, "the shell in the swapped folder", 20*time.Second, func() (int, error) { return 0, sh.Wait() })
+	harness.Within(t, "the shell in the swapped folder", 20*time.Second, func() (int, error) { return 0, sh.Wait() })
 	if strings.Contains(shOut.String(), "OUTSIDE") || strings.Contains(shOut.String(), "\xee\xee") {
 		t.Errorf("a process in the swapped folder read from outside:\n%q", shOut.String())
 	}
@@ -183,7 +184,7 @@ func TestHostileSwappedFolder(t *testing.T) {
 	if b, err := probeImage(t, filepath.Join(m.Dir, "sub.orig", "moved.raw")); err != nil || b[0] != 0x11 {
 		t.Errorf("sub.orig/moved.raw, renamed from inner.qcow2: %v", err)
 	}
-	noPanics(t, m)
+	m.NoPanics(t)
 }
 
 // TestHostileSpecialFiles: a fifo and a block device node (a loop device
@@ -192,7 +193,7 @@ func TestHostileSwappedFolder(t *testing.T) {
 // log line naming the file type; nothing hangs, the canary reads, and the
 // device's bytes are never served.
 func TestHostileSpecialFiles(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	qemu.Require(t, "losetup")
 	src := qemu.TempDir(t)
 	outside := filepath.Join(t.TempDir(), "secret.img")
@@ -226,7 +227,7 @@ func TestHostileSpecialFiles(t *testing.T) {
 	qemu.Create(t, "qcow2", canary, "1M")
 	qemu.IO(t, canary, "write -P 0x61 0 1M")
 
-	m := mountImages(t, src)
+	m := harness.Mount(t, src)
 	listed := listWithin(t, m.Dir, 20*time.Second)
 	for _, name := range []string{"backing-blk", "backing-fifo", "data-blk", "data-fifo", "fifo"} {
 		if slices.Contains(listed, name+".raw") {
@@ -242,7 +243,7 @@ func TestHostileSpecialFiles(t *testing.T) {
 			t.Errorf("the special file %s is shown", n)
 		}
 	}
-	log := m.logText(t)
+	log := m.LogText(t)
 	for name, what := range map[string]string{"backing-blk": "a block device", "backing-fifo": "a fifo", "data-blk": "a block device", "data-fifo": "a fifo"} {
 		if !strings.Contains(log, filepath.Join(src, name+".qcow2")) || !strings.Contains(log, what) {
 			t.Errorf("no log line says %s.qcow2's file is %s:\n%s", name, what, log)
@@ -252,12 +253,12 @@ func TestHostileSpecialFiles(t *testing.T) {
 	if err != nil || len(b) != 1<<20 || b[0] != 0x61 {
 		t.Errorf("the canary: %d bytes, %v", len(b), err)
 	}
-	noPanics(t, m)
+	m.NoPanics(t)
 	var hostile []string
 	for _, name := range []string{"backing-blk", "backing-fifo", "data-blk", "data-fifo"} {
 		hostile = append(hostile, filepath.Join(src, name+".qcow2"))
 	}
-	cliBoundedAll(t, hostile)
+	boundedAll(t, hostile)
 }
 
 // TestHostileMetadataAsData: L2 entries that place guest data in the
@@ -268,7 +269,7 @@ func TestHostileSpecialFiles(t *testing.T) {
 // whose metadata map does not fit in --metadata-memory is not shown, with
 // a line naming the flag.
 func TestHostileMetadataAsData(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	tmpl := filepath.Join(t.TempDir(), "tmpl.qcow2")
 	qemu.Create(t, "qcow2", tmpl, "8M")
@@ -312,7 +313,7 @@ func TestHostileMetadataAsData(t *testing.T) {
 	qemu.Create(t, "qcow2", canary, "1M")
 	qemu.IO(t, canary, "write -P 0x61 0 1M")
 
-	m := mountImages(t, src, "--metadata-memory=1M")
+	m := harness.Mount(t, src, "--metadata-memory=1M")
 	listed := listWithin(t, m.Dir, 20*time.Second)
 	for _, p := range hostile {
 		raw := filepath.Join(m.Dir, strings.TrimSuffix(filepath.Base(p), ".qcow2")+".raw")
@@ -325,7 +326,7 @@ func TestHostileMetadataAsData(t *testing.T) {
 		if strings.Contains(p, "compressed") {
 			off = 1 << 20
 		}
-		_, err = probe(t, "reading "+raw, 10*time.Second, func() (int, error) { return f.ReadAt(make([]byte, 4096), off) })
+		_, err = harness.Within(t, "reading "+raw, 10*time.Second, func() (int, error) { return f.ReadAt(make([]byte, 4096), off) })
 		if !errIs(err, syscall.EIO) {
 			t.Errorf("%s: reading the cluster in metadata: %v, want EIO", filepath.Base(raw), err)
 		}
@@ -338,13 +339,13 @@ func TestHostileMetadataAsData(t *testing.T) {
 	if slices.Contains(listed, "big.raw") {
 		t.Errorf("big.raw is shown; its L1 table is more than the mount's metadata memory")
 	}
-	log := m.logText(t)
+	log := m.LogText(t)
 	if !strings.Contains(log, "image="+big) || !strings.Contains(log, "--metadata-memory") {
 		t.Errorf("no log line refuses big.qcow2 naming --metadata-memory:\n%s", log)
 	}
 	if b, err := probeImage(t, filepath.Join(m.Dir, "canary.raw")); err != nil || b[0] != 0x61 {
 		t.Errorf("the canary: %v", err)
 	}
-	noPanics(t, m)
-	cliBoundedAll(t, append(hostile, big))
+	m.NoPanics(t)
+	boundedAll(t, append(hostile, big))
 }

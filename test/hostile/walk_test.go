@@ -1,4 +1,4 @@
-package test
+package hostile
 
 import (
 	"bytes"
@@ -15,29 +15,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
-
-// helperEnv makes the test binary a helper process (TestMain): a caller
-// that the test can kill in the middle of a request.
-const helperEnv = "QCOWFS_TEST_HELPER"
-
-// runHelper runs the helper named by h: "seek-data:PATH" asks
-// lseek(SEEK_DATA) from 0 of PATH.
-func runHelper(h string) int {
-	if path, ok := strings.CutPrefix(h, "seek-data:"); ok {
-		fd, err := unix.Open(path, unix.O_RDONLY, 0)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		fmt.Println("open")
-		off, err := unix.Seek(fd, 0, unix.SEEK_DATA)
-		fmt.Println(off, err)
-		return 0
-	}
-	return 2
-}
 
 // allToOne makes an image of l1 L1 entries (512 MiB of disk each, 64 KiB
 // clusters) that all name the first span's L2 table, written with cmds,
@@ -70,7 +50,7 @@ func allToOne(t *testing.T, dir, name string, l1 int64, cmds ...string) (string,
 // seekAt is lseek(SEEK_DATA or SEEK_HOLE) of path at off, within 30 s.
 func seekAt(t *testing.T, path string, off int64, whence int) (int64, error) {
 	t.Helper()
-	return probe(t, fmt.Sprintf("lseek(%s, %d, %d)", filepath.Base(path), off, whence), 30*time.Second, func() (int64, error) {
+	return harness.Within(t, fmt.Sprintf("lseek(%s, %d, %d)", filepath.Base(path), off, whence), 30*time.Second, func() (int64, error) {
 		fd, err := unix.Open(path, unix.O_RDONLY, 0)
 		if err != nil {
 			return 0, err
@@ -88,7 +68,7 @@ func seekAt(t *testing.T, path string, off int64, whence int) (int64, error) {
 // killed; a snapshot of 2^62 bytes is not shown, the image and its other
 // snapshot are. The daemon's memory stays bounded throughout.
 func TestHostileWalks(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	const l1 = 512 << 10
 	_, pattern := allToOne(t, src, "all-to-one.qcow2", l1, "write -P 1 0 64k", "write -P 2 1M 192k", "write -z 2M 64k", "write -c -P 3 8M 64k")
@@ -105,8 +85,8 @@ func TestHostileWalks(t *testing.T) {
 	qemu.Create(t, "qcow2", canary, "1M")
 	qemu.IO(t, canary, "write -P 0x61 0 1M")
 
-	m := mountImages(t, src)
-	pid := m.pid(t)
+	m := harness.Mount(t, src)
+	pid := m.PID(t)
 	listed := listWithin(t, m.Dir, 30*time.Second)
 	for _, want := range []string{"all-to-one.raw", "zeros.raw", "huge-snapshot.raw", "huge-snapshot@fine.raw", "canary.raw"} {
 		if !slices.Contains(listed, want) {
@@ -116,7 +96,7 @@ func TestHostileWalks(t *testing.T) {
 	if slices.Contains(listed, "huge-snapshot@huge.raw") {
 		t.Errorf("the snapshot of 2^62 bytes is shown; qemu cannot load it")
 	}
-	if log := m.logText(t); !strings.Contains(log, "snapshot not shown") || !strings.Contains(log, "disk_size") {
+	if log := m.LogText(t); !strings.Contains(log, "snapshot not shown") || !strings.Contains(log, "disk_size") {
 		t.Errorf("no log line says why the 2^62 snapshot is not shown:\n%s", log)
 	}
 
@@ -140,7 +120,7 @@ func TestHostileWalks(t *testing.T) {
 		per += r[1] - r[0]
 	}
 	want := per * l1
-	waitFor(t, "st_blocks of the 256 TiB disk", 120*time.Second, func() bool {
+	harness.WaitFor(t, "st_blocks of the 256 TiB disk", 120*time.Second, func() bool {
 		var st syscall.Stat_t
 		return syscall.Stat(raw, &st) == nil && st.Blocks*512 == want
 	})
@@ -149,14 +129,14 @@ func TestHostileWalks(t *testing.T) {
 	// (Measured once the background data counts are done.)
 	waitIdle(t, pid)
 	start = time.Now()
-	cpu0 := readProc(t, pid).cpu
+	cpu0 := harness.ReadProc(t, pid).CPU
 	d, err := seekAt(t, filepath.Join(m.Dir, "zeros.raw"), 0, unix.SEEK_DATA)
-	full := readProc(t, pid).cpu - cpu0
+	full := harness.ReadProc(t, pid).CPU - cpu0
 	t.Logf("SEEK_DATA across 512 TiB of zero clusters: %d, %v after %v (%v of daemon CPU)", d, err, time.Since(start).Round(time.Millisecond), full)
 	if err != nil && err != syscall.ENXIO {
 		t.Errorf("SEEK_DATA on zeros.raw: %v", err)
 	}
-	if err == nil && !strings.Contains(m.logText(t), "gave up after its work budget") {
+	if err == nil && !strings.Contains(m.LogText(t), "gave up after its work budget") {
 		t.Errorf("a conservative SEEK_DATA answer without a log line")
 	}
 	// The same walk on another copy, its caller killed at once: the
@@ -170,13 +150,13 @@ func TestHostileWalks(t *testing.T) {
 		if err := h.Start(); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the helper to open the file", 10*time.Second, func() bool { return strings.Contains(out.String(), "open") })
-		cpu0 := readProc(t, pid).cpu
+		harness.WaitFor(t, "the helper to open the file", 10*time.Second, func() bool { return strings.Contains(out.String(), "open") })
+		cpu0 := harness.ReadProc(t, pid).CPU
 		time.Sleep(50 * time.Millisecond)
 		h.Process.Kill()
 		h.Wait()
 		time.Sleep(2 * time.Second)
-		killed := readProc(t, pid).cpu - cpu0
+		killed := harness.ReadProc(t, pid).CPU - cpu0
 		t.Logf("the same walk with its caller killed after 50 ms: %v of daemon CPU (uninterrupted: %v)", killed, full)
 		if killed > full/2 {
 			t.Errorf("the walk went on after its caller was killed: %v of CPU, %v uninterrupted", killed, full)
@@ -187,31 +167,25 @@ func TestHostileWalks(t *testing.T) {
 	if b, err := probeImage(t, filepath.Join(m.Dir, "canary.raw")); err != nil || b[0] != 0x61 {
 		t.Errorf("the canary: %v", err)
 	}
-	after := readProc(t, pid)
+	after := harness.ReadProc(t, pid)
 	t.Logf("daemon after the walks: %v", after)
-	if after.hwmKB > memBound(160) {
-		t.Errorf("the daemon peaked at %d MiB", after.hwmKB>>10)
+	if after.HWMKB > harness.MemBound(160) {
+		t.Errorf("the daemon peaked at %d MiB", after.HWMKB>>10)
 	}
-	noPanics(t, m)
+	m.NoPanics(t)
 	// qemu-img map of the 256 TiB disk prints 2.6 million lines (every
 	// span's entries); the bounded runs take one of 32 TiB.
 	small, _ := allToOne(t, t.TempDir(), "all-to-one-32T.qcow2", 64<<10, "write -P 1 0 64k", "write -P 2 1M 192k", "write -z 2M 64k", "write -c -P 3 8M 64k")
-	cliBoundedAll(t, []string{small, zeros, huge})
+	boundedAll(t, []string{small, zeros, huge})
 }
 
 // waitIdle waits until the daemon uses less than 5% of a CPU over half a
 // second: its background work (data counts) is done.
 func waitIdle(t *testing.T, pid int) {
 	t.Helper()
-	deadline := time.Now().Add(120 * time.Second)
-	for {
-		c0 := readProc(t, pid).cpu
+	harness.WaitFor(t, "the daemon to be idle", 120*time.Second, func() bool {
+		c0 := harness.ReadProc(t, pid).CPU
 		time.Sleep(500 * time.Millisecond)
-		if readProc(t, pid).cpu-c0 < 25*time.Millisecond {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the daemon is still busy after 120 s")
-		}
-	}
+		return harness.ReadProc(t, pid).CPU-c0 < 25*time.Millisecond
+	})
 }

@@ -1,4 +1,4 @@
-package test
+package hostile
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -23,7 +24,7 @@ import (
 // cluster), and the daemon's peak memory stays within its caches and a
 // fixed margin. Other images of the mount read on.
 func TestZstdHugeWindow(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := t.TempDir()
 	raw := filepath.Join(src, "data.bin")
 	qemu.Create(t, "raw", raw, "4M")
@@ -73,8 +74,8 @@ func TestZstdHugeWindow(t *testing.T) {
 	f.Truncate(end)
 	f.Close()
 
-	m := mountImages(t, src, racyMount)
-	pid := m.pid(t)
+	m := harness.Racy.Mount(t, src)
+	pid := m.PID(t)
 	var wg sync.WaitGroup
 	errs := make([]error, 8)
 	for i := range errs {
@@ -85,7 +86,7 @@ func TestZstdHugeWindow(t *testing.T) {
 				return
 			}
 			defer g.Close()
-			buf := alignedBlock(t, 1<<20)
+			buf := harness.AlignedBlock(t, 1<<20)
 			for off := int64(i%4) << 20; off < 4<<20; off += 1 << 20 {
 				if _, err := g.ReadAt(buf, off); !errors.Is(err, syscall.EIO) {
 					errs[i] = fmt.Errorf("read at %d: %v", off, err)
@@ -100,15 +101,15 @@ func TestZstdHugeWindow(t *testing.T) {
 			t.Errorf("reader %d: %v, want EIO", i, err)
 		}
 	}
-	ps := readProc(t, pid)
+	ps := harness.ReadProc(t, pid)
 	// The default caches: L2 32M, clusters 64M, and go-fuse's buffers.
-	if limit := memBound(96 + 160); ps.hwmKB > limit {
-		t.Errorf("the daemon's peak memory is %d MiB, over %d MiB: %v", ps.hwmKB>>10, limit>>10, ps)
+	if limit := harness.MemBound(96 + 160); ps.HWMKB > limit {
+		t.Errorf("the daemon's peak memory is %d MiB, over %d MiB: %v", ps.HWMKB>>10, limit>>10, ps)
 	}
 	want, _ := os.ReadFile(qemu.ToRaw(t, good, filepath.Join(t.TempDir(), "good.raw")))
 	got, err := os.ReadFile(filepath.Join(m.Dir, "good.raw"))
 	if err != nil || !bytes.Equal(got, want) {
 		t.Errorf("another image of the mount: %v, equal %v", err, bytes.Equal(got, want))
 	}
-	noPanics(t, m)
+	m.NoPanics(t)
 }

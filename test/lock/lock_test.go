@@ -1,9 +1,8 @@
-package test
+package lock
 
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,84 +12,37 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
-
-// holdOpen starts qemu-io on image (read-write) and keeps it running, so
-// it holds qemu's locks, until the test ends or release is called.
-func holdOpen(t *testing.T, image string) (release func()) {
-	t.Helper()
-	_, release = holdOpenPID(t, image)
-	return release
-}
-
-// holdOpenPID is holdOpen, and the pid of the qemu-io holding the image.
-func holdOpenPID(t *testing.T, image string) (pid int, release func()) {
-	t.Helper()
-	cmd := exec.Command("qemu-io", "-f", "qcow2", image)
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	// qemu-io prints its prompt once the image is open: wait for it, so
-	// the locks are taken before the test goes on.
-	buf := make([]byte, 64)
-	var got []byte
-	for !strings.Contains(string(got), "qemu-io>") {
-		n, err := out.Read(buf)
-		if err != nil {
-			t.Fatalf("qemu-io on %s: %v (%s)", image, err, got)
-		}
-		got = append(got, buf[:n]...)
-	}
-	done := false
-	release = func() {
-		if done {
-			return
-		}
-		done = true
-		io.WriteString(in, "quit\n")
-		in.Close()
-		cmd.Wait()
-	}
-	t.Cleanup(release)
-	return cmd.Process.Pid, release
-}
 
 // TestLockQemuWriting: an image a running qemu has open for writing is not
 // served (one log line names the image and the lock), unless --force-share;
 // once qemu lets go, it is shown.
 func TestLockQemuWriting(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	busy := filepath.Join(src, "busy.qcow2")
 	qemu.Create(t, "qcow2", busy, "4M")
 	qemu.Create(t, "qcow2", filepath.Join(src, "free.qcow2"), "4M")
-	release := holdOpen(t, busy)
+	_, release := qemu.HoldOpen(t, busy)
 
-	m := mountImages(t, src)
-	if got := names(t, m.Dir); !slices.Equal(got, []string{"free.raw"}) {
+	m := harness.Mount(t, src)
+	if got := harness.Names(t, m.Dir); !slices.Equal(got, []string{"free.raw"}) {
 		t.Fatalf("lists %q; the image qemu writes must not be shown", got)
 	}
-	names(t, m.Dir) // tried again, not logged again
-	if log := m.logText(t); countLines(log, "busy.qcow2") != 1 || !strings.Contains(log, `lock (byte 101)`) {
+	harness.Names(t, m.Dir) // tried again, not logged again
+	if log := m.LogText(t); harness.CountLines(log, "busy.qcow2") != 1 || !strings.Contains(log, `lock (byte 101)`) {
 		t.Errorf("want one log line naming busy.qcow2 and the write lock:\n%s", log)
 	}
 
-	shared := mountImages(t, src, "--force-share")
-	if got := names(t, shared.Dir); !slices.Equal(got, []string{"busy.raw", "free.raw"}) {
+	shared := harness.Mount(t, src, "--force-share")
+	if got := harness.Names(t, shared.Dir); !slices.Equal(got, []string{"busy.raw", "free.raw"}) {
 		t.Errorf("with --force-share, lists %q", got)
 	}
 
 	release()
-	if got := names(t, m.Dir); !slices.Equal(got, []string{"busy.raw", "free.raw"}) {
+	if got := harness.Names(t, m.Dir); !slices.Equal(got, []string{"busy.raw", "free.raw"}) {
 		t.Errorf("after qemu closed the image, lists %q", got)
 	}
 }
@@ -101,12 +53,12 @@ func TestLockQemuWriting(t *testing.T) {
 // image for writing (qemu's own error), though it can still read it; after
 // the last close, qemu can write it again.
 func TestLockOnlyWhileOpen(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	img := filepath.Join(src, "vm.qcow2")
 	qemu.Create(t, "qcow2", img, "4M")
-	m := mountImages(t, src)
-	if got := names(t, m.Dir); !slices.Equal(got, []string{"vm.raw"}) {
+	m := harness.Mount(t, src)
+	if got := harness.Names(t, m.Dir); !slices.Equal(got, []string{"vm.raw"}) {
 		t.Fatalf("lists %q", got)
 	}
 	if _, err := os.Stat(filepath.Join(m.Dir, "vm.raw")); err != nil {
@@ -132,7 +84,7 @@ func TestLockOnlyWhileOpen(t *testing.T) {
 
 	// Closed again (release is asynchronous in the kernel: FUSE sends
 	// RELEASE after close returns), then qemu writes it.
-	waitFor(t, "the image's locks to be dropped after close", 5*time.Second, func() bool {
+	harness.WaitFor(t, "the image's locks to be dropped after close", 5*time.Second, func() bool {
 		return exec.Command("qemu-io", "-f", "qcow2", "-c", "write 0 4k", img).Run() == nil
 	})
 }
@@ -141,11 +93,11 @@ func TestLockOnlyWhileOpen(t *testing.T) {
 // qemu-img creates, converts, snapshots and writes images in the source
 // folder, every time without a lock error.
 func TestListingNeverBlocksQemu(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	base := filepath.Join(src, "base.qcow2")
 	qemu.Create(t, "qcow2", base, "8M")
-	m := mountImages(t, src)
+	m := harness.Mount(t, src)
 	stop := make(chan struct{})
 	listed := make(chan int)
 	go func() {
@@ -196,7 +148,7 @@ func refusalLines(log, image string) []string {
 // does: the lock let go and taken again, or the image replaced by another
 // one that is refused too.
 func TestRefusalLog(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	busy := filepath.Join(src, "busy.qcow2")
 	qemu.Create(t, "qcow2", busy, "4M")
@@ -205,20 +157,20 @@ func TestRefusalLog(t *testing.T) {
 	qemu.SetIncompatible(t, bad, 2)
 	orphan := filepath.Join(src, "orphan.qcow2")
 	qemu.Img(t, "create", "-q", "-u", "-f", "qcow2", "-b", "gone.qcow2", "-F", "qcow2", orphan, "1M")
-	release := holdOpen(t, busy)
+	_, release := qemu.HoldOpen(t, busy)
 
-	m := mountImages(t, src)
+	m := harness.Mount(t, src)
 	list := func(want []string) {
 		t.Helper()
 		for i := 0; i < 3; i++ {
-			if got := names(t, m.Dir); !slices.Equal(got, want) {
+			if got := harness.Names(t, m.Dir); !slices.Equal(got, want) {
 				t.Fatalf("lists %q, want %q", got, want)
 			}
 		}
 	}
 	check := func(image string, n int, hint, reason string) {
 		t.Helper()
-		log := m.logText(t)
+		log := m.LogText(t)
 		lines := refusalLines(log, image)
 		if len(lines) != n {
 			t.Fatalf("%d log lines say %s is not shown, want %d:\n%s", len(lines), image, n, log)
@@ -249,7 +201,7 @@ func TestRefusalLog(t *testing.T) {
 	release()
 	list([]string{"busy.raw"})
 	qemu.IO(t, busy, "write -P 0x33 0 4k")
-	holdOpen(t, busy)
+	qemu.HoldOpen(t, busy)
 	list([]string{})
 	check(busy, 2, "--force-share", `\"write\" lock (byte 101)`)
 
@@ -272,7 +224,7 @@ func TestRefusalLog(t *testing.T) {
 // (qemu's own lock error) but can read it; after the last close, qemu
 // writes it again.
 func TestLockSnapshotAndPartitionFiles(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	qemu.Require(t, "sfdisk")
 	work := t.TempDir()
 	disk := filepath.Join(work, "disk.img")
@@ -287,7 +239,7 @@ func TestLockSnapshotAndPartitionFiles(t *testing.T) {
 	qemu.Img(t, "convert", "-O", "qcow2", disk, img)
 	qemu.Img(t, "snapshot", "-c", "before", img)
 
-	m := mountImages(t, src)
+	m := harness.Mount(t, src)
 	for _, name := range []string{"vm@before.raw", filepath.Join("vm.raw.parts", "p1")} {
 		t.Run(filepath.Base(name), func(t *testing.T) {
 			// Written while closed, after the partition table (the
@@ -305,18 +257,18 @@ func TestLockSnapshotAndPartitionFiles(t *testing.T) {
 				t.Errorf("qemu-img info (a reader) while %s is open: %v, %s", name, err, out)
 			}
 			f.Close()
-			waitFor(t, "the image's locks to be dropped after "+name+" is closed", 5*time.Second, func() bool {
+			harness.WaitFor(t, "the image's locks to be dropped after "+name+" is closed", 5*time.Second, func() bool {
 				return exec.Command("qemu-io", "-f", "qcow2", "-c", "write 6M 4k", img).Run() == nil
 			})
 		})
 	}
 }
 
-// cliHolderName is how qcowfs names the qcowfs daemon pid serving mnt as a
+// holderName is how qcowfs names the qcowfs daemon pid serving mnt as a
 // lock holder: with its mount point where the kernel tells which FUSE
 // connection a /dev/fuse descriptor serves (its fdinfo's
 // "fuse_connection:"; older kernels do not say).
-func cliHolderName(t *testing.T, pid int, mnt string) string {
+func holderName(t *testing.T, pid int, mnt string) string {
 	t.Helper()
 	fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", pid))
 	for _, fd := range fds {
@@ -341,26 +293,26 @@ func cliHolderName(t *testing.T, pid int, mnt string) string {
 // the other qcowfs by pid and mount point, or a qemu-io by name and pid.
 // Once the holder lets go, the image opens for writing again.
 func TestTwoWritableMounts(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	img := filepath.Join(src, "vm.qcow2")
 	qemu.Create(t, "qcow2", img, "8M")
-	a := mountImages(t, src, "--writable")
+	a := harness.Mount(t, src, "--writable")
 	if strings.Contains(a.Said, "warning") {
 		t.Errorf("the first mount warns: %s", a.Said)
 	}
-	b := mountImages(t, src, "--writable")
-	pids := cliDaemons(t, a.Dir)
+	b := harness.Mount(t, src, "--writable")
+	pids := harness.Daemons(t, a.Dir)
 	if len(pids) != 1 {
 		t.Fatalf("want one daemon serving %s, have %v", a.Dir, pids)
 	}
-	holder := cliHolderName(t, pids[0], a.Dir)
+	holder := holderName(t, pids[0], a.Dir)
 	warning := fmt.Sprintf("%s is already mounted writable by %s", src, holder)
 	if !strings.Contains(b.Said, "qcowfs: warning: "+warning) || strings.Count(b.Said, "\n") != 1 {
 		t.Errorf("the second mount said %q; want one line: qcowfs: warning: %s ...", b.Said, warning)
 	}
-	if !strings.Contains(b.logText(t), warning) {
-		t.Errorf("the second mount's log does not warn %q:\n%s", warning, b.logText(t))
+	if !strings.Contains(b.LogText(t), warning) {
+		t.Errorf("the second mount's log does not warn %q:\n%s", warning, b.LogText(t))
 	}
 
 	rawB := filepath.Join(b.Dir, "vm.raw")
@@ -382,7 +334,7 @@ func TestTwoWritableMounts(t *testing.T) {
 	defer fa.Close()
 	// Listed by the second mount before: the open meets the locks.
 	wantBusy("listed before", os.O_RDWR)
-	if log := b.logText(t); !strings.Contains(log, `in use by `+holder+` holding the \"write\" lock (byte 101)`) {
+	if log := b.LogText(t); !strings.Contains(log, `in use by `+holder+` holding the \"write\" lock (byte 101)`) {
 		t.Errorf("the second mount's log does not name %s as the holder:\n%s", holder, log)
 	}
 	// Written by the first: a new version, listed again by the second,
@@ -393,7 +345,7 @@ func TestTwoWritableMounts(t *testing.T) {
 	if err := fa.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	if got := names(t, b.Dir); len(got) != 0 {
+	if got := harness.Names(t, b.Dir); len(got) != 0 {
 		t.Errorf("the second mount lists %q while the first writes vm.raw", got)
 	}
 	wantBusy("not shown", os.O_RDWR)
@@ -401,18 +353,18 @@ func TestTwoWritableMounts(t *testing.T) {
 	if _, err := os.Stat(rawB); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("stat in the second mount: %v, want EBUSY", err)
 	}
-	st, out := cliStatusJSON(t, b.Dir)
+	st, out := harness.StatusOf(t, b.Dir)
 	if len(st.Refused) != 1 || st.Refused[0].Image != img || !strings.Contains(st.Refused[0].Reason, "in use by "+holder) || st.Refused[0].Hint != "" {
 		t.Errorf("qcowfs status of the second mount: %+v; want %s refused, in use by %s, no hint (a writable mount cannot share):\n%s", st.Refused, img, holder, out)
 	}
 	// A third mount, read-only, says at once why it does not show it.
-	c := mountImages(t, src)
+	c := harness.Mount(t, src)
 	if want := "qcowfs: not shown: " + img + ": in use by " + holder + ` holding the "write" lock (byte 101)`; !strings.Contains(c.Said, want) {
 		t.Errorf("a read-only mount said %q; want %q", c.Said, want)
 	}
 
 	fa.Close()
-	waitFor(t, "the first mount's locks to go with its last close", 5*time.Second, func() bool {
+	harness.WaitFor(t, "the first mount's locks to go with its last close", 5*time.Second, func() bool {
 		f, err := os.OpenFile(rawB, os.O_RDWR, 0)
 		if err == nil {
 			f.Close()
@@ -422,18 +374,18 @@ func TestTwoWritableMounts(t *testing.T) {
 
 	// A qemu-io writing the image is named as such.
 	qemu.IO(t, img, "write -P 0x5a 64k 4k")
-	qpid, release := holdOpenPID(t, img)
+	qpid, release := qemu.HoldOpen(t, img)
 	wantBusy("qemu-io holds it", os.O_RDWR)
 	qholder := fmt.Sprintf("qemu-io (pid %d)", qpid)
-	st, out = cliStatusJSON(t, b.Dir)
+	st, out = harness.StatusOf(t, b.Dir)
 	if len(st.Refused) != 1 || !strings.Contains(st.Refused[0].Reason, "in use by "+qholder) {
 		t.Errorf("qcowfs status of the second mount: %+v; want %s refused, in use by %s:\n%s", st.Refused, img, qholder, out)
 	}
-	if log := b.logText(t); !strings.Contains(log, "in use by "+qholder) {
+	if log := b.LogText(t); !strings.Contains(log, "in use by "+qholder) {
 		t.Errorf("the second mount's log does not name %s:\n%s", qholder, log)
 	}
 	release()
-	waitFor(t, "qemu-io's locks to go", 5*time.Second, func() bool {
+	harness.WaitFor(t, "qemu-io's locks to go", 5*time.Second, func() bool {
 		f, err := os.OpenFile(rawB, os.O_RDWR, 0)
 		if err == nil {
 			f.Close()

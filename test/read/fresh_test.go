@@ -1,4 +1,4 @@
-package test
+package read
 
 import (
 	"os"
@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -23,29 +24,12 @@ func readThrough(t *testing.T, path string) ([]byte, int64, [][2]int64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runs := seekRuns(t, f, st.Size())
+	runs := harness.SeekRuns(t, f, st.Size())
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b, st.Size(), runs
-}
-
-// qemuRuns is where qemu-img map says an image has data (or allocated
-// zeros it does not count as holes: everything not "zero").
-func qemuRuns(t *testing.T, image string) [][2]int64 {
-	var runs [][2]int64
-	for _, e := range qemu.Map(t, image) {
-		if e.Zero {
-			continue
-		}
-		if n := len(runs); n > 0 && runs[n-1][1] == e.Start {
-			runs[n-1][1] += e.Length
-		} else {
-			runs = append(runs, [2]int64{e.Start, e.Start + e.Length})
-		}
-	}
-	return runs
 }
 
 // TestServedFreshAfterChange: an image that qemu changes while none of its
@@ -55,7 +39,7 @@ func qemuRuns(t *testing.T, image string) [][2]int64 {
 // previous open (the kernel's page cache, L2 tables, decompressed
 // clusters, the hole index).
 func TestServedFreshAfterChange(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	work := t.TempDir()
 	plain := filepath.Join(src, "plain.qcow2")
@@ -70,7 +54,7 @@ func TestServedFreshAfterChange(t *testing.T) {
 	qemu.Create(t, "qcow2", other, "6M")
 	qemu.IO(t, other, "write -P 0x44 1M 2M")
 
-	m := mountImages(t, src)
+	m := harness.Mount(t, src)
 	check := func(what, image, name string) {
 		t.Helper()
 		want, err := os.ReadFile(qemu.ToRaw(t, image, filepath.Join(work, name+".expect")))
@@ -81,10 +65,10 @@ func TestServedFreshAfterChange(t *testing.T) {
 		if size != int64(len(want)) {
 			t.Fatalf("%s: %s.raw is %d bytes, qemu says %d", what, name, size, len(want))
 		}
-		if i := firstDiff(got, want); i >= 0 {
+		if i := harness.FirstDiff(got, want); i >= 0 {
 			t.Fatalf("%s: %s.raw differs from qemu-img convert at byte %d", what, name, i)
 		}
-		if wantRuns := qemuRuns(t, image); !slices.Equal(runs, wantRuns) {
+		if wantRuns := qemu.DataRuns(t, image); !slices.Equal(runs, wantRuns) {
 			t.Fatalf("%s: %s.raw data runs %v, qemu-img map %v", what, name, runs, wantRuns)
 		}
 	}
@@ -113,18 +97,4 @@ func TestServedFreshAfterChange(t *testing.T) {
 	// Converted over: the same file name, other content.
 	qemu.Img(t, "convert", "-O", "qcow2", other, plain)
 	check("after qemu-img convert over it", plain, "plain")
-}
-
-// firstDiff returns the first index where a and b differ, -1 if none
-// (the shorter one's end counts as a difference).
-func firstDiff(a, b []byte) int {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	if len(a) != len(b) {
-		return min(len(a), len(b))
-	}
-	return -1
 }

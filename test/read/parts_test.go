@@ -1,4 +1,4 @@
-package test
+package read
 
 import (
 	"bytes"
@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -91,7 +92,7 @@ func partRuns(t *testing.T, path string) [][2]int64 {
 	}
 	defer f.Close()
 	st, _ := f.Stat()
-	return seekRuns(t, f, st.Size())
+	return harness.SeekRuns(t, f, st.Size())
 }
 
 // clipRuns shifts the disk's data runs into a partition's frame.
@@ -113,12 +114,12 @@ func clipRuns(runs [][2]int64, start, size int64) [][2]int64 {
 // loop,ro and every file's sha256 matches; debugfs reads it as an
 // unprivileged user; --no-partitions hides the folders.
 func TestPartitionFiles(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	qemu.Require(t, "sfdisk", "mkfs.ext4", "mkfs.vfat", "debugfs", "setpriv", "mount")
 	work := qemu.TempDir(t)
 	tree := filepath.Join(work, "tree")
-	want := writeGuestTree(t, tree)
-	gpt := makeGuestDisk(t, work, tree)
+	want := harness.WriteGuestTree(t, tree)
+	gpt := harness.MakeGuestDisk(t, work, tree)
 	mbr := makeMBRDisk(t, work, tree)
 
 	src := qemu.TempDir(t)
@@ -134,7 +135,7 @@ func TestPartitionFiles(t *testing.T) {
 			disks[name] = d.raw
 		}
 	}
-	m := mountImages(t, src, "--allow-other")
+	m := harness.Mount(t, src, "--allow-other")
 	// nobody must be able to reach the mount point (t.TempDir makes its
 	// folders 0700).
 	for d := filepath.Dir(m.Dir); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
@@ -149,7 +150,7 @@ func TestPartitionFiles(t *testing.T) {
 				wantNames = append(wantNames, fmt.Sprintf("p%d", n))
 			}
 			slices.Sort(wantNames)
-			if got := names(t, dir); !slices.Equal(got, wantNames) {
+			if got := harness.Names(t, dir); !slices.Equal(got, wantNames) {
 				t.Fatalf("%s lists %q, sfdisk sees %q", dir, got, wantNames)
 			}
 			qraw, err := os.ReadFile(qemu.ToRaw(t, filepath.Join(src, name+".qcow2"), filepath.Join(t.TempDir(), "disk.raw")))
@@ -158,7 +159,7 @@ func TestPartitionFiles(t *testing.T) {
 			}
 			diskFile, _ := os.Open(filepath.Join(m.Dir, name+".raw"))
 			defer diskFile.Close()
-			diskRuns := seekRuns(t, diskFile, int64(len(qraw)))
+			diskRuns := harness.SeekRuns(t, diskFile, int64(len(qraw)))
 			for n, r := range parts {
 				p := filepath.Join(dir, fmt.Sprintf("p%d", n))
 				got, err := os.ReadFile(p)
@@ -172,7 +173,7 @@ func TestPartitionFiles(t *testing.T) {
 				for _, x := range clipRuns(diskRuns, r[0], r[1]) {
 					data += x[1] - x[0]
 				}
-				waitFor(t, fmt.Sprintf("st_blocks of p%d", n), 10*time.Second, func() bool {
+				harness.WaitFor(t, fmt.Sprintf("st_blocks of p%d", n), 10*time.Second, func() bool {
 					var st syscall.Stat_t
 					syscall.Stat(p, &st)
 					return st.Blocks == (data+511)/512
@@ -192,9 +193,9 @@ func TestPartitionFiles(t *testing.T) {
 					exec.Command("umount", "-l", guest).Run()
 				}
 			})
-			compareTrees(t, readGuestTree(t, guest), want)
+			harness.CompareTrees(t, harness.ReadTree(t, guest), want)
 			for path, e := range want {
-				if e.sum == "" {
+				if e.Sum == "" {
 					continue
 				}
 				cmd := exec.Command("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
@@ -203,16 +204,16 @@ func TestPartitionFiles(t *testing.T) {
 				cmd.Stderr = &stderr
 				out, err := cmd.Output()
 				sum := sha256.Sum256(out)
-				if err != nil || hex.EncodeToString(sum[:]) != e.sum {
-					t.Errorf("debugfs as nobody, cat /%s: %v, sha256 %x, want %s\n%s", path, err, sum, e.sum, stderr.String())
+				if err != nil || hex.EncodeToString(sum[:]) != e.Sum {
+					t.Errorf("debugfs as nobody, cat /%s: %v, sha256 %x, want %s\n%s", path, err, sum, e.Sum, stderr.String())
 				}
 				break // one file is enough to show unprivileged access
 			}
 		})
 	}
 
-	off := mountImages(t, src, "--no-partitions")
-	for _, n := range names(t, off.Dir) {
+	off := harness.Mount(t, src, "--no-partitions")
+	for _, n := range harness.Names(t, off.Dir) {
 		if strings.HasSuffix(n, ".parts") {
 			t.Errorf("--no-partitions still shows %s", n)
 		}
@@ -224,7 +225,7 @@ func TestPartitionFiles(t *testing.T) {
 // the disk is refused with a log line while the others and the whole disk
 // are still served.
 func TestPartitionDamage(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	qemu.Require(t, "sfdisk")
 	work := qemu.TempDir(t)
 	src := qemu.TempDir(t)
@@ -252,8 +253,8 @@ func TestPartitionDamage(t *testing.T) {
 	qemu.WriteAt(t, mbr, 446+16+12, binary32)
 	qemu.Img(t, "convert", "-q", "-f", "raw", "-O", "qcow2", mbr, filepath.Join(src, "mbr.qcow2"))
 
-	m := mountImages(t, src)
-	if got := names(t, filepath.Join(m.Dir, "gpt.raw.parts")); !slices.Equal(got, []string{"p1", "p2"}) {
+	m := harness.Mount(t, src)
+	if got := harness.Names(t, filepath.Join(m.Dir, "gpt.raw.parts")); !slices.Equal(got, []string{"p1", "p2"}) {
 		t.Errorf("damaged primary GPT: lists %q, want p1 and p2 from the backup", got)
 	}
 	for n, r := range want {
@@ -262,11 +263,11 @@ func TestPartitionDamage(t *testing.T) {
 			t.Errorf("gpt p%d: %v, size %v; sfdisk made it %d bytes", n, err, st, r[1])
 		}
 	}
-	if got := names(t, filepath.Join(m.Dir, "mbr.raw.parts")); !slices.Equal(got, []string{"p1"}) {
+	if got := harness.Names(t, filepath.Join(m.Dir, "mbr.raw.parts")); !slices.Equal(got, []string{"p1"}) {
 		t.Errorf("MBR with p2 past the end of the disk: lists %q, want only p1", got)
 	}
-	log := m.logText(t)
-	if countLines(log, "gpt.qcow2") != 1 || countLines(log, "mbr.qcow2") != 1 {
+	log := m.LogText(t)
+	if harness.CountLines(log, "gpt.qcow2") != 1 || harness.CountLines(log, "mbr.qcow2") != 1 {
 		t.Errorf("want one log line per damaged table:\n%s", log)
 	}
 	if _, err := os.Stat(filepath.Join(m.Dir, "mbr.raw")); err != nil {
@@ -297,7 +298,7 @@ func TestPartitionDamage(t *testing.T) {
 // sees p1 at in qemu-img convert's output of a run without wipefs. Both
 // cache modes.
 func TestPartitionTableWritten(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	qemu.Require(t, "sfdisk", "losetup", "mkfs.ext4", "e2fsck", "wipefs", "dd")
 	for _, mode := range []string{"writeback", "write-through"} {
 		t.Run(mode, func(t *testing.T) {
@@ -310,7 +311,7 @@ func TestPartitionTableWritten(t *testing.T) {
 			if mode == "write-through" {
 				args = append(args, "--no-writeback-cache")
 			}
-			m := mountImages(t, src, args...)
+			m := harness.Mount(t, src, args...)
 			partition := func(disk, table string) {
 				t.Helper()
 				sfdisk := exec.Command("sfdisk", "-q", disk)
@@ -329,7 +330,7 @@ func TestPartitionTableWritten(t *testing.T) {
 				disk := filepath.Join(m.Dir, name+".raw")
 				p1 := filepath.Join(m.Dir, name+".raw.parts", "p1")
 				partition(disk, "label: gpt\nstart=2048, size=16MiB, type=linux\n")
-				dev, detach := attachLoopRW(t, p1)
+				dev, detach := harness.AttachLoop(t, p1)
 				qemu.Run(t, "mkfs.ext4", "-q", "-F", dev)
 				detach()
 				if out, err := exec.Command("e2fsck", "-fn", p1).CombinedOutput(); err != nil {
@@ -341,7 +342,7 @@ func TestPartitionTableWritten(t *testing.T) {
 				}
 				partition(disk, "label: dos\nstart=2048, size=32MiB, type=83\n")
 				wantSize(p1, 32<<20)
-				if got := names(t, filepath.Join(m.Dir, name+".raw.parts")); !slices.Equal(got, []string{"p1"}) {
+				if got := harness.Names(t, filepath.Join(m.Dir, name+".raw.parts")); !slices.Equal(got, []string{"p1"}) {
 					t.Errorf("after the new table, %s.raw.parts lists %q, want p1 only", name, got)
 				}
 				qemu.Run(t, "wipefs", "-q", "-a", "-f", disk)
@@ -351,9 +352,9 @@ func TestPartitionTableWritten(t *testing.T) {
 					}
 				}
 			}
-			m.unmount(t)
-			qemuCheckClean(t, img)
-			qemuCheckClean(t, kept)
+			m.Unmount(t)
+			qemu.CheckClean(t, img)
+			qemu.CheckClean(t, kept)
 			raw := qemu.ToRaw(t, kept, filepath.Join(t.TempDir(), "kept.raw"))
 			r := sfdiskParts(t, raw)[1]
 			part := filepath.Join(t.TempDir(), "p1.img")
@@ -371,7 +372,7 @@ func TestPartitionTableWritten(t *testing.T) {
 // table into an image the mount has seen without one, the folder is found
 // by name at once, without a listing.
 func TestPartitionTableFromOutside(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	qemu.Require(t, "sfdisk", "dd")
 	work := t.TempDir()
 	table := filepath.Join(work, "table.img")
@@ -387,7 +388,7 @@ func TestPartitionTableFromOutside(t *testing.T) {
 	src := qemu.TempDir(t)
 	img := filepath.Join(src, "disk.qcow2")
 	qemu.Create(t, "qcow2", img, "64M")
-	m := mountImages(t, src)
+	m := harness.Mount(t, src)
 	parts := filepath.Join(m.Dir, "disk.raw.parts")
 	if _, err := os.Stat(parts); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("stat %s of a blank disk: %v, want ENOENT", parts, err)

@@ -1,4 +1,4 @@
-package test
+package read
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -16,7 +17,7 @@ import (
 // exposed raw file has exactly the bytes of qemu-img convert -O raw, read
 // sequentially and with many concurrent readers at odd offsets and sizes.
 func TestMountMatchesQemu(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	images := qemu.Matrix(t, src)
 	expect := t.TempDir()
@@ -30,7 +31,7 @@ func TestMountMatchesQemu(t *testing.T) {
 }
 
 func checkMountMatchesQemu(t *testing.T, src, expect string, images []qemu.Image, readPath string) {
-	m := mountImages(t, src, "--read-path="+readPath, racyMount)
+	m := harness.Racy.Mount(t, src, "--read-path="+readPath)
 	for _, im := range images {
 		t.Run(im.Name, func(t *testing.T) {
 			want := filepath.Join(expect, im.Name+".raw")
@@ -73,7 +74,7 @@ func checkMountMatchesQemu(t *testing.T, src, expect string, images []qemu.Image
 				}(uint64(w))
 			}
 			wg.Wait()
-			sameFile(t, got, want)
+			harness.SameFile(t, got, want)
 		})
 	}
 }

@@ -1,4 +1,4 @@
-package test
+package read
 
 import (
 	"errors"
@@ -12,32 +12,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
-
-// seekRuns walks an open file with SEEK_DATA/SEEK_HOLE, as cp does, and
-// returns its data runs.
-func seekRuns(t *testing.T, f *os.File, size int64) [][2]int64 {
-	t.Helper()
-	var runs [][2]int64
-	fd := int(f.Fd())
-	for off := int64(0); off < size; {
-		d, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("lseek(%d, SEEK_DATA): %v", off, err)
-		}
-		h, err := unix.Seek(fd, d, unix.SEEK_HOLE)
-		if err != nil || h <= d {
-			t.Fatalf("lseek(%d, SEEK_HOLE) = %d, %v", d, h, err)
-		}
-		runs = append(runs, [2]int64{d, h})
-		off = h
-	}
-	return runs
-}
 
 func clusterSize(t *testing.T, image string) int64 {
 	return int64(qemu.Info(t, image)["cluster-size"].(float64))
@@ -48,10 +25,10 @@ func clusterSize(t *testing.T, image string) int64 {
 // each out with cp --sparse=always and checks bytes and allocation; and
 // checks st_blocks against the data the walk found.
 func TestSeekThroughMount(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	images := qemu.StatusMatrix(t, src)
-	m := mountImages(t, src)
+	m := harness.Mount(t, src)
 	out := t.TempDir()
 
 	for _, im := range images {
@@ -63,7 +40,7 @@ func TestSeekThroughMount(t *testing.T) {
 			}
 			defer f.Close()
 			st, _ := f.Stat()
-			runs := seekRuns(t, f, st.Size())
+			runs := harness.SeekRuns(t, f, st.Size())
 			qemu.CheckHoles(t, im.Path, runs) // before anything reads the data
 
 			var data int64
@@ -72,7 +49,7 @@ func TestSeekThroughMount(t *testing.T) {
 			}
 			// st_blocks becomes the exact data size once the daemon
 			// has counted it in the background.
-			waitFor(t, "st_blocks to reflect the data", 10*time.Second, func() bool {
+			harness.WaitFor(t, "st_blocks to reflect the data", 10*time.Second, func() bool {
 				var st syscall.Stat_t
 				syscall.Stat(p, &st)
 				return st.Blocks == (data+511)/512
@@ -84,7 +61,7 @@ func TestSeekThroughMount(t *testing.T) {
 			if b, err := exec.Command("cp", "--sparse=always", p, copyPath).CombinedOutput(); err != nil {
 				t.Fatalf("cp: %v %s", err, b)
 			}
-			sameFile(t, copyPath, qemu.ToRaw(t, im.Path, filepath.Join(out, im.Name+".qemu")))
+			harness.SameFile(t, copyPath, qemu.ToRaw(t, im.Path, filepath.Join(out, im.Name+".qemu")))
 			var cst syscall.Stat_t
 			syscall.Stat(copyPath, &cst)
 			limit := data + int64(len(runs))*max(clusterSize(t, im.Path), 4096)
@@ -105,7 +82,7 @@ func TestSeekThroughMount(t *testing.T) {
 // cluster, at and past the end, on a disk with no data; other whence
 // values behave as on any file.
 func TestSeekEdgesThroughMount(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	odd := filepath.Join(src, "odd.qcow2")
 	qemu.Create(t, "qcow2", odd, "10000000") // not a multiple of 64 KiB
@@ -117,7 +94,7 @@ func TestSeekEdgesThroughMount(t *testing.T) {
 			firstData = e.Start
 		}
 	}
-	m := mountImages(t, src)
+	m := harness.Mount(t, src)
 
 	f, err := os.Open(filepath.Join(m.Dir, "odd.raw"))
 	if err != nil {
@@ -162,7 +139,7 @@ func TestSeekEdgesThroughMount(t *testing.T) {
 		t.Errorf("SEEK_HOLE on a disk without data = %d, %v", h, err)
 	}
 	// du reports the data once the daemon has counted it.
-	waitFor(t, "du of a disk without data to be 0", 10*time.Second, func() bool {
+	harness.WaitFor(t, "du of a disk without data to be 0", 10*time.Second, func() bool {
 		out, _ := exec.Command("du", "--block-size=1", filepath.Join(m.Dir, "empty.raw")).Output()
 		return strings.HasPrefix(string(out), "0\t")
 	})

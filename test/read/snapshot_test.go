@@ -1,4 +1,4 @@
-package test
+package read
 
 import (
 	"os"
@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -14,7 +15,7 @@ import (
 // bytes; the oracle is a copy of the image reverted to the snapshot with
 // qemu-img snapshot -a.
 func TestSnapshotFiles(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	vm := filepath.Join(src, "vm.qcow2")
 	qemu.Create(t, "qcow2", vm, "8M")
@@ -24,10 +25,10 @@ func TestSnapshotFiles(t *testing.T) {
 	qemu.Img(t, "resize", "-q", vm, "12M")
 	qemu.Img(t, "snapshot", "-c", "two/with slash", vm)
 	qemu.IO(t, vm, "write -P 0x84 10M 100k")
-	m := mountImages(t, src)
+	m := harness.Mount(t, src)
 
 	want := []string{"vm.raw", "vm@first.raw", "vm@two%2Fwith slash.raw"}
-	if got := names(t, m.Dir); !slices.Equal(got, want) {
+	if got := harness.Names(t, m.Dir); !slices.Equal(got, want) {
 		t.Fatalf("lists %q, want %q", got, want)
 	}
 	tmp := t.TempDir()
@@ -36,9 +37,9 @@ func TestSnapshotFiles(t *testing.T) {
 		qemu.Run(t, "cp", vm, cp)
 		qemu.Img(t, "snapshot", "-a", id, cp)
 		raw := qemu.ToRaw(t, cp, filepath.Join(tmp, id+".raw"))
-		sameFile(t, filepath.Join(m.Dir, file), raw)
+		harness.SameFile(t, filepath.Join(m.Dir, file), raw)
 	}
-	sameFile(t, filepath.Join(m.Dir, "vm.raw"), qemu.ToRaw(t, vm, filepath.Join(tmp, "vm.raw")))
+	harness.SameFile(t, filepath.Join(m.Dir, "vm.raw"), qemu.ToRaw(t, vm, filepath.Join(tmp, "vm.raw")))
 	st, err := os.Stat(filepath.Join(m.Dir, "vm@first.raw"))
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package test
+package read
 
 import (
 	"errors"
@@ -11,23 +11,9 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
-
-// names lists a folder of the mount.
-func names(t testing.TB, dir string) []string {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range ents {
-		out = append(out, e.Name())
-	}
-	slices.Sort(out)
-	return out
-}
 
 // virtualSize asks qemu-img for an image's virtual size.
 func virtualSize(t testing.TB, image string) int64 {
@@ -38,7 +24,7 @@ func virtualSize(t testing.TB, image string) int64 {
 // TestTreeMirrorsSource checks the naming rule, recursion, plain files,
 // sizes, times, permissions and inode numbers through a real mount.
 func TestTreeMirrorsSource(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	for _, p := range []string{"a.qcow2", "disk", "vm.qcow2", "vm.img", "sub/deep/x.QCOW2"} {
 		os.MkdirAll(filepath.Dir(filepath.Join(src, p)), 0o755)
@@ -55,15 +41,15 @@ func TestTreeMirrorsSource(t *testing.T) {
 		t.Fatalf("qemu-img info of the magic alone says format %v, the test expects raw", out["format"])
 	}
 
-	m := mountImages(t, src)
+	m := harness.Mount(t, src)
 
 	// vm.img and vm.qcow2 both want vm.raw: vm.img comes first in byte
 	// order and gets it; vm.qcow2 falls back to vm.qcow2.raw.
 	want := []string{"a.raw", "disk.raw", "fake.qcow2", "magic.qcow2", "notes.txt", "sub", "vm.qcow2.raw", "vm.raw"}
-	if got := names(t, m.Dir); !slices.Equal(got, want) {
+	if got := harness.Names(t, m.Dir); !slices.Equal(got, want) {
 		t.Fatalf("mount lists %q, want %q", got, want)
 	}
-	if got := names(t, filepath.Join(m.Dir, "sub/deep")); !slices.Equal(got, []string{"x.raw"}) {
+	if got := harness.Names(t, filepath.Join(m.Dir, "sub/deep")); !slices.Equal(got, []string{"x.raw"}) {
 		t.Fatalf("sub/deep lists %q", got)
 	}
 
@@ -106,8 +92,8 @@ func TestTreeMirrorsSource(t *testing.T) {
 		return st.Ino
 	}
 	before := inode(m.Dir)
-	m.unmount(t)
-	m2 := mountImages(t, src)
+	m.Unmount(t)
+	m2 := harness.Mount(t, src)
 	if after := inode(m2.Dir); after != before {
 		t.Errorf("a.raw inode %d, %d after a remount", before, after)
 	}
@@ -115,20 +101,20 @@ func TestTreeMirrorsSource(t *testing.T) {
 
 // TestTreeFollowsChanges adds and removes images while mounted.
 func TestTreeFollowsChanges(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	qemu.Create(t, "qcow2", filepath.Join(src, "one.qcow2"), "1M")
-	m := mountImages(t, src)
-	if got := names(t, m.Dir); !slices.Equal(got, []string{"one.raw"}) {
+	m := harness.Mount(t, src)
+	if got := harness.Names(t, m.Dir); !slices.Equal(got, []string{"one.raw"}) {
 		t.Fatalf("lists %q", got)
 	}
 
 	qemu.Create(t, "qcow2", filepath.Join(src, "two.qcow2"), "2M")
 	qemu.IO(t, filepath.Join(src, "two.qcow2"), "write -P 0x42 4096 4096")
-	if got := names(t, m.Dir); !slices.Equal(got, []string{"one.raw", "two.raw"}) {
+	if got := harness.Names(t, m.Dir); !slices.Equal(got, []string{"one.raw", "two.raw"}) {
 		t.Fatalf("after adding two.qcow2, lists %q", got)
 	}
-	sameFile(t, filepath.Join(m.Dir, "two.raw"), qemu.ToRaw(t, filepath.Join(src, "two.qcow2"), filepath.Join(t.TempDir(), "two")))
+	harness.SameFile(t, filepath.Join(m.Dir, "two.raw"), qemu.ToRaw(t, filepath.Join(src, "two.qcow2"), filepath.Join(t.TempDir(), "two")))
 
 	// An image replaced by a new version (written elsewhere, renamed
 	// over it: qemu cannot write a shown image in place, see the lock
@@ -139,11 +125,11 @@ func TestTreeFollowsChanges(t *testing.T) {
 	if err := os.Rename(next, filepath.Join(src, "two.qcow2")); err != nil {
 		t.Fatal(err)
 	}
-	names(t, m.Dir)
-	sameFile(t, filepath.Join(m.Dir, "two.raw"), qemu.ToRaw(t, filepath.Join(src, "two.qcow2"), filepath.Join(t.TempDir(), "two")))
+	harness.Names(t, m.Dir)
+	harness.SameFile(t, filepath.Join(m.Dir, "two.raw"), qemu.ToRaw(t, filepath.Join(src, "two.qcow2"), filepath.Join(t.TempDir(), "two")))
 
 	os.Remove(filepath.Join(src, "one.qcow2"))
-	if got := names(t, m.Dir); !slices.Equal(got, []string{"two.raw"}) {
+	if got := harness.Names(t, m.Dir); !slices.Equal(got, []string{"two.raw"}) {
 		t.Fatalf("after removing one.qcow2, lists %q", got)
 	}
 	if f, err := os.Open(filepath.Join(m.Dir, "one.raw")); err == nil {
@@ -160,33 +146,11 @@ func corruptFirstL2Entry(t testing.TB, path string) {
 	qemu.PatchU(t, path, at, 8, 1<<63|1<<40)
 }
 
-// countLines counts the lines of text that contain s.
-func countLines(text, s string) int {
-	n := 0
-	for _, line := range strings.Split(text, "\n") {
-		if strings.Contains(line, s) {
-			n++
-		}
-	}
-	return n
-}
-
-func exitCode(err error) int {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode()
-	}
-	if err != nil {
-		return -1
-	}
-	return 0
-}
-
 // TestBadImages checks that an image that fails validation is not shown
 // (one log line naming it), and that reads hitting corrupt metadata fail
 // with EIO for that read only, logged once, while other images read fine.
 func TestBadImages(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	good := filepath.Join(src, "good.qcow2")
 	qemu.Create(t, "qcow2", good, "4M")
@@ -211,17 +175,17 @@ func TestBadImages(t *testing.T) {
 	// itself would read zeros there, as its file driver pads reads past
 	// the end of the file; qcowfs fails the read instead of inventing
 	// data for a cluster the image does not hold.)
-	if err := exec.Command("qemu-img", "check", badL2).Run(); exitCode(err) != 2 {
-		t.Fatalf("qemu-img check on the damaged image: %v, want exit status 2", err)
+	if r := harness.RunCmd(t, exec.Command("qemu-img", "check", badL2)); r.Code != 2 {
+		t.Fatalf("qemu-img check on the damaged image: exit status %d, want 2\n%s", r.Code, r.Stdout)
 	}
 
-	m := mountImages(t, src)
-	if got := names(t, m.Dir); !slices.Equal(got, []string{"badl2.raw", "good.raw"}) {
+	m := harness.Mount(t, src)
+	if got := harness.Names(t, m.Dir); !slices.Equal(got, []string{"badl2.raw", "good.raw"}) {
 		t.Fatalf("lists %q, want the refused image hidden", got)
 	}
-	names(t, m.Dir) // listing again must not log again
-	log := m.logText(t)
-	if n := countLines(log, "badheader.qcow2"); n != 1 || !strings.Contains(log, "cluster_bits") {
+	harness.Names(t, m.Dir) // listing again must not log again
+	log := m.LogText(t)
+	if n := harness.CountLines(log, "badheader.qcow2"); n != 1 || !strings.Contains(log, "cluster_bits") {
 		t.Errorf("want exactly one log line naming badheader.qcow2 and cluster_bits, got %d:\n%s", n, log)
 	}
 
@@ -240,9 +204,9 @@ func TestBadImages(t *testing.T) {
 	if _, err := bad.ReadAt(buf, 128<<10); err != nil || !slices.Equal(buf, pristine[128<<10:132<<10]) {
 		t.Errorf("reading an intact cluster of the damaged image: %v, or wrong bytes", err)
 	}
-	sameFile(t, filepath.Join(m.Dir, "good.raw"), qemu.ToRaw(t, good, filepath.Join(t.TempDir(), "good")))
-	if n := countLines(m.logText(t), "read failed"); n != 1 {
-		t.Errorf("want one 'read failed' log line for badl2, got %d:\n%s", n, m.logText(t))
+	harness.SameFile(t, filepath.Join(m.Dir, "good.raw"), qemu.ToRaw(t, good, filepath.Join(t.TempDir(), "good")))
+	if n := harness.CountLines(m.LogText(t), "read failed"); n != 1 {
+		t.Errorf("want one 'read failed' log line for badl2, got %d:\n%s", n, m.LogText(t))
 	}
 }
 
@@ -250,11 +214,11 @@ func TestBadImages(t *testing.T) {
 // shows it), and listings include "." and ".." with the inode numbers stat
 // reports for the folder and its parent.
 func TestRootInodeAndDots(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	os.MkdirAll(filepath.Join(src, "sub"), 0o755)
 	qemu.Create(t, "qcow2", filepath.Join(src, "sub", "a.qcow2"), "1M")
-	m := mountImages(t, src)
+	m := harness.Mount(t, src)
 	ino := func(p string) uint64 {
 		var st syscall.Stat_t
 		if err := syscall.Stat(p, &st); err != nil {

@@ -1,4 +1,4 @@
-package test
+package remote
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 	"github.com/qcowfs/qcowfs/test/servers"
 )
@@ -24,7 +25,7 @@ import (
 // up and the canary reads right. (A server ignoring Range:
 // TestRemoteIgnoredRange.)
 func TestRemoteFaults(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	srv := startS3(t, "faults")
 	work := qemu.TempDir(t)
 	victim := filepath.Join(work, "victim.qcow2")
@@ -45,8 +46,8 @@ func TestRemoteFaults(t *testing.T) {
 	}
 
 	proxy := servers.NewFaultProxy(t, srv.Endpoint)
-	m := mountRemote(t, "s3://faults/img/", s3Env(t, srv.Access, srv.Secret),
-		"--s3-endpoint", proxy.URL, "--remote-timeout=3s", "--remote-refresh=1h", racyMount)
+	m := mountRemote(t, harness.Daemon{Env: s3Env(t, srv.Access, srv.Secret), Racy: true}, "s3://faults/img/",
+		"--s3-endpoint", proxy.URL, "--remote-timeout=3s", "--remote-refresh=1h")
 	vf, err := os.Open(filepath.Join(m.Dir, "victim.raw"))
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +75,7 @@ func TestRemoteFaults(t *testing.T) {
 	canaryOff := int64(0)
 	checkCanary := func(when string) {
 		t.Helper()
-		if !isMounted(m.Dir) {
+		if !harness.IsMounted(m.Dir) {
 			t.Fatalf("%s: the mount is gone", when)
 		}
 		buf := make([]byte, 256<<10)
@@ -125,7 +126,7 @@ func TestRemoteFaults(t *testing.T) {
 		defer close(done)
 		wantEIO("stall", 8*time.Second)
 	}()
-	waitFor(t, "a victim request held by the proxy", 5*time.Second, func() bool { return proxy.Held() > 0 })
+	harness.WaitFor(t, "a victim request held by the proxy", 5*time.Second, func() bool { return proxy.Held() > 0 })
 	checkCanary("during a stall")
 	<-done
 	proxy.Clear()
@@ -144,7 +145,7 @@ func TestRemoteFaults(t *testing.T) {
 	wantEIO("replaced", 5*time.Second)
 	checkCanary("after the replacement")
 
-	log := m.logText(t)
+	log := m.LogText(t)
 	for _, want := range []string{"timed out", "changed"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("the daemon's log does not say %q:\n%s", want, log)
@@ -160,7 +161,7 @@ func TestRemoteFaults(t *testing.T) {
 // mount fails, nothing is mounted), and mid-read (EIO and a log line; the
 // daemon stays up, and reads work again once the server honours Range).
 func TestRemoteIgnoredRange(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	root := qemu.TempDir(t)
 	img := filepath.Join(root, "disk.qcow2")
 	qemu.Create(t, "qcow2", img, "16M")
@@ -174,12 +175,12 @@ func TestRemoteIgnoredRange(t *testing.T) {
 	url := proxy.URL + "/disk.qcow2"
 
 	proxy.Set(servers.Fault{Kind: servers.IgnoreRange})
-	if _, out, err := tryMountRemote(t, url, nil); err == nil || !strings.Contains(out, "ignores Range") {
+	if _, out, err := tryMountRemote(t, harness.Daemon{}, url); err == nil || !strings.Contains(out, "ignores Range") {
 		t.Errorf("mount through a server ignoring Range: err %v, output %q; want a refusal", err, out)
 	}
 	proxy.Clear()
 
-	m := mountRemote(t, url, nil)
+	m := mountRemote(t, harness.Daemon{}, url)
 	f, err := os.Open(filepath.Join(m.Dir, "disk.raw"))
 	if err != nil {
 		t.Fatal(err)
@@ -208,7 +209,7 @@ func TestRemoteIgnoredRange(t *testing.T) {
 	if err := read(5); err != nil {
 		t.Errorf("read once the server honours Range again: %v", err)
 	}
-	if log := m.logText(t); !strings.Contains(log, "ignores Range") {
+	if log := m.LogText(t); !strings.Contains(log, "ignores Range") {
 		t.Errorf("the daemon's log does not say the server ignores Range:\n%s", log)
 	}
 }
@@ -216,20 +217,20 @@ func TestRemoteIgnoredRange(t *testing.T) {
 // TestRemoteGuestPartition loop-mounts the guest partition of an image
 // served by nginx, through the mount, and checks every file's sha256.
 func TestRemoteGuestPartition(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	qemu.Require(t, "sfdisk", "mkfs.ext4", "losetup", "partx", "mount")
 	work := qemu.TempDir(t)
-	want := writeGuestTree(t, filepath.Join(work, "tree"))
-	disk := makeGuestDisk(t, work, filepath.Join(work, "tree"))
+	want := harness.WriteGuestTree(t, filepath.Join(work, "tree"))
+	disk := harness.MakeGuestDisk(t, work, filepath.Join(work, "tree"))
 	root := qemu.TempDir(t)
 	qemu.Img(t, "convert", "-q", "-f", "raw", "-O", "qcow2", disk, filepath.Join(root, "disk.qcow2"))
 	ng := servers.StartNginx(t, root, false)
 	// Cleanups run last first: the guest, the loop device, then qcowfs.
-	m := mountRemote(t, ng.URL+"/disk.qcow2", nil)
-	dev := attachLoop(t, filepath.Join(m.Dir, "disk.raw"))
-	guest := mountGuest(t, partitionNode(t, dev))
-	compareTrees(t, readGuestTree(t, guest), want)
-	if log := m.logText(t); strings.Contains(log, "level=ERROR") {
+	m := mountRemote(t, harness.Daemon{}, ng.URL+"/disk.qcow2")
+	dev, _ := harness.AttachLoop(t, filepath.Join(m.Dir, "disk.raw"), "-r", "-P")
+	guest, _ := harness.MountGuest(t, harness.PartitionNode(t, dev), "ro,noload")
+	harness.CompareTrees(t, harness.ReadTree(t, guest), want)
+	if log := m.LogText(t); strings.Contains(log, "level=ERROR") {
 		t.Errorf("the daemon logged errors:\n%s", log)
 	}
 }

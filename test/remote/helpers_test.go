@@ -1,17 +1,15 @@
-package test
+package remote
 
-// Helpers of the remote image tests (remote_*_test.go): mounting a URL
-// with the daemon's environment (S3 keys) set, the daemon's remote
-// counters, the data runs of a file.
+// Helpers of the remote image tests: mounting a URL with the daemon's
+// environment (S3 keys) set, the daemon's remote counters, a bucket.
 
 import (
-	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 	"github.com/qcowfs/qcowfs/test/servers"
 )
@@ -20,12 +18,12 @@ import (
 // chunks (fetches close to what is read), quick failure, a short refresh.
 var remoteFlags = []string{"--remote-chunk-size=64K", "--remote-timeout=10s", "--remote-refresh=1s"}
 
-// mountRemote mounts the URL src with `qcowfs mount` as a daemon, with env
-// added to its environment, and unmounts it when the test ends. It fails
-// the test if the mount fails.
-func mountRemote(t testing.TB, src string, env []string, args ...string) *mount {
+// mountRemote mounts the URL src by the daemon d (S3 keys in its
+// environment, racy or not) with remoteFlags and args, read-ahead off, and
+// unmounts it when the test ends. A failed mount fails the test.
+func mountRemote(t testing.TB, d harness.Daemon, src string, args ...string) *harness.Mounted {
 	t.Helper()
-	m, out, err := tryMountRemote(t, src, env, args...)
+	m, out, err := tryMountRemote(t, d, src, args...)
 	if err != nil {
 		t.Fatalf("qcowfs mount %s: %v\n%s", src, err, out)
 	}
@@ -33,68 +31,21 @@ func mountRemote(t testing.TB, src string, env []string, args ...string) *mount 
 }
 
 // tryMountRemote is mountRemote returning the failure (and the output).
-func tryMountRemote(t testing.TB, src string, env []string, args ...string) (*mount, string, error) {
+func tryMountRemote(t testing.TB, d harness.Daemon, src string, args ...string) (*harness.Mounted, string, error) {
 	t.Helper()
-	requireFUSE(t)
-	m := &mount{Dir: t.TempDir(), Log: filepath.Join(t.TempDir(), "qcowfs.log")}
-	all := append([]string{"mount", "--log-file", m.Log, "--log-level", "debug", "--read-ahead=0"}, remoteFlags...)
-	racy := false
-	for _, a := range args {
-		if a == racyMount {
-			racy = true
-			continue
-		}
-		all = append(all, a)
-	}
-	all = append(all, src, m.Dir)
-	// With racyMount, the race-detecting build when there is one.
-	cmd := exec.Command(qcowfsBin, all...)
-	cmd.Env = append(os.Environ(), env...)
-	if racy && raceBin != "" {
-		cmd = exec.Command(raceBin, all...)
-		cmd.Env = append(os.Environ(), append(env, "GORACE=log_path="+filepath.Join(raceDir, "report")+" halt_on_error=0")...)
-	}
-	r := cliRunCmd(t, cmd)
-	out := r.stdout + r.stderr
-	if r.code != 0 {
-		if isMounted(m.Dir) {
-			t.Errorf("qcowfs mount failed (%d) but left %s mounted", r.code, m.Dir)
-			m.unmount(t)
-		}
-		return nil, out, &exec.ExitError{}
-	}
-	t.Cleanup(func() { m.unmount(t) })
-	return m, out, nil
+	all := append(append([]string{"--read-ahead=0"}, remoteFlags...), args...)
+	return d.TryMount(t, src, all...)
 }
 
-// remoteStats is the part of `qcowfs status --output=json` the tests read:
-// the remote client's counters.
-type remoteStats struct {
-	Requests int64 `json:"requests"`
-	Bytes    int64 `json:"bytes"`
-	Retries  int64 `json:"retries"`
-	Errors   int64 `json:"errors"`
-}
-
-func (m *mount) remoteStats(t testing.TB) remoteStats {
+// remoteStats are the remote client's counters of the mount m, from
+// qcowfs status.
+func remoteStats(t testing.TB, m *harness.Mounted) harness.RemoteStats {
 	t.Helper()
-	out, err := qcowfs("status", "--output=json", m.Dir)
-	if err != nil {
-		t.Fatalf("qcowfs status: %v\n%s", err, out)
-	}
-	var s struct {
-		Images struct {
-			Remote *remoteStats `json:"remote"`
-		} `json:"images"`
-	}
-	if err := json.Unmarshal([]byte(out), &s); err != nil {
-		t.Fatalf("qcowfs status: %v\n%s", err, out)
-	}
-	cliKebabKeys(t, out)
-	if s.Images.Remote == nil {
+	st, out := harness.StatusOf(t, m.Dir)
+	if st.Images.Remote == nil {
 		t.Fatalf("qcowfs status has no remote counters:\n%s", out)
 	}
-	return *s.Images.Remote
+	return *st.Images.Remote
 }
 
 // s3Env is the environment of a daemon reading srv with these keys: the
@@ -111,7 +62,7 @@ func s3Env(t testing.TB, access, secret string) []string {
 // startS3 starts versitygw over a fresh folder with one bucket.
 func startS3(t testing.TB, bucket string) *servers.S3Server {
 	t.Helper()
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	srv := servers.StartVersity(t, t.TempDir(), "qcowfs-test-access", "qcowfs-test-secret-0123456789")
 	srv.MakeBucket(t, bucket, false)
 	return srv

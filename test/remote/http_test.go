@@ -1,8 +1,7 @@
-package test
+package remote
 
 import (
 	"bytes"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 	"github.com/qcowfs/qcowfs/test/servers"
 )
@@ -26,7 +26,7 @@ import (
 // the server. Images whose data file qemu recorded as an absolute local
 // path are refused: a remote image never gets a local file opened.
 func TestRemoteHTTPMatchesQemu(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	root := qemu.TempDir(t)
 	src := filepath.Join(root, "m")
 	if err := os.Mkdir(src, 0o755); err != nil {
@@ -39,16 +39,16 @@ func TestRemoteHTTPMatchesQemu(t *testing.T) {
 		t.Run(im.Name, func(t *testing.T) {
 			url := ng.URL + "/m/" + filepath.Base(im.Path)
 			if df := dataFileName(t, im.Path); strings.HasPrefix(df, "/") {
-				_, out, err := tryMountRemote(t, url, nil)
+				_, out, err := tryMountRemote(t, harness.Daemon{}, url)
 				if err == nil || !strings.Contains(out, "outside the allowed URL prefixes") {
 					t.Fatalf("mounting an image whose data file is the local path %s: err %v, output %q; want a refusal", df, err, out)
 				}
 				return
 			}
-			m := mountRemote(t, url, nil)
+			m := mountRemote(t, harness.Daemon{}, url)
 			got := filepath.Join(m.Dir, im.Name+".raw")
 			want := wantRaw(t, expect, im.Path)
-			sameFile(t, got, want)
+			harness.SameFile(t, got, want)
 			// df: the one object mounted.
 			if st, err := os.Stat(im.Path); err != nil {
 				t.Fatal(err)
@@ -66,29 +66,11 @@ func TestRemoteHTTPMatchesQemu(t *testing.T) {
 			}
 			defer rf.Close()
 			st, _ := rf.Stat()
-			if r, q := seekRuns(t, rf, st.Size()), qemuDataRuns(t, url); !reflect.DeepEqual(r, q) {
+			if r, q := harness.SeekRuns(t, rf, st.Size()), qemu.DataRuns(t, url); !reflect.DeepEqual(r, q) {
 				t.Errorf("lseek data runs through the mount %v; qemu-img map of the URL %v", r, q)
 			}
 		})
 	}
-}
-
-// qemuDataRuns are the data runs qemu-img map finds in image (a file or a
-// URL): its extents of data that is not known to be zero, merged.
-func qemuDataRuns(t testing.TB, image string) [][2]int64 {
-	t.Helper()
-	var runs [][2]int64
-	for _, e := range qemu.Map(t, image) {
-		if !e.Data || e.Zero {
-			continue
-		}
-		if n := len(runs); n > 0 && runs[n-1][1] == e.Start {
-			runs[n-1][1] += e.Length
-			continue
-		}
-		runs = append(runs, [2]int64{e.Start, e.Start + e.Length})
-	}
-	return runs
 }
 
 // dataFileName is the external data file an image names, "" if none.
@@ -120,40 +102,36 @@ func makeChain(t testing.TB, dir string) string {
 // bytes are qemu's; without it the mount fails with a certificate error
 // and leaves nothing mounted. qcowfs info, map and check read the same URL.
 func TestRemoteHTTPS(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	root := qemu.TempDir(t)
 	top := makeChain(t, root)
 	ng := servers.StartNginx(t, root, true)
 	url := ng.URL + "/sub/top.qcow2"
 
-	if _, out, err := tryMountRemote(t, url, nil); err == nil || !strings.Contains(out, "certificate") {
+	if _, out, err := tryMountRemote(t, harness.Daemon{}, url); err == nil || !strings.Contains(out, "certificate") {
 		t.Errorf("mount without --ca-file: err %v, output %q; want a certificate error", err, out)
 	}
 
 	// The backing file is in the parent folder: outside the image's
 	// folder, so it needs allowing.
-	if _, out, err := tryMountRemote(t, url, nil, "--ca-file", ng.CAFile); err == nil ||
+	if _, out, err := tryMountRemote(t, harness.Daemon{}, url, "--ca-file", ng.CAFile); err == nil ||
 		!strings.Contains(out, "outside the allowed URL prefixes") || !strings.Contains(out, "--allow-backing-outside="+ng.URL+"/") {
 		t.Errorf("mount with the backing file outside the image's folder: err %v, output %q; want a refusal with a hint", err, out)
 	}
-	m := mountRemote(t, url, nil, "--ca-file", ng.CAFile, "--allow-backing-outside="+ng.URL+"/")
-	sameFile(t, filepath.Join(m.Dir, "top.raw"), wantRaw(t, t.TempDir(), top))
+	m := mountRemote(t, harness.Daemon{}, url, "--ca-file", ng.CAFile, "--allow-backing-outside="+ng.URL+"/")
+	harness.SameFile(t, filepath.Join(m.Dir, "top.raw"), wantRaw(t, t.TempDir(), top))
 
 	// info, map and check accept the URL; map's extents are qemu's.
-	if out, err := qcowfs("info", "--ca-file", ng.CAFile, url); err != nil || !strings.Contains(out, "virtual size: 64 MiB") {
-		t.Errorf("qcowfs info %s: %v\n%s", url, err, out)
+	if r := harness.Run(t, "info", "--ca-file", ng.CAFile, url); r.Code != 0 || !strings.Contains(r.Stdout, "virtual size: 64 MiB") {
+		t.Errorf("qcowfs info %s: exit status %d\n%s%s", url, r.Code, r.Stdout, r.Stderr)
 	}
-	if out, err := qcowfs("check", "--ca-file", ng.CAFile, ng.URL+"/base.qcow2"); err != nil || !strings.Contains(out, "No errors were found") {
-		t.Errorf("qcowfs check: %v\n%s", err, out)
+	if r := harness.Run(t, "check", "--ca-file", ng.CAFile, ng.URL+"/base.qcow2"); r.Code != 0 || !strings.Contains(r.Stdout, "No errors were found") {
+		t.Errorf("qcowfs check: exit status %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	out, err := exec.Command(qcowfsBin, "map", "--output=json", "--ca-file", ng.CAFile, ng.URL+"/base.qcow2").Output()
-	if err != nil {
-		t.Fatalf("qcowfs map: %v", err)
-	}
+	r := harness.Run(t, "map", "--output=json", "--ca-file", ng.CAFile, ng.URL+"/base.qcow2")
+	harness.WantOK(t, "qcowfs map", r)
 	var got []qemu.MapEntry
-	if err := json.Unmarshal(out, &got); err != nil {
-		t.Fatalf("qcowfs map: %v\n%s", err, out)
-	}
+	r.JSON(t, &got)
 	if want := qemu.Map(t, filepath.Join(root, "base.qcow2")); !reflect.DeepEqual(got, want) {
 		t.Errorf("qcowfs map of the URL:\n%+v\nqemu-img map of the file:\n%+v", got, want)
 	}
@@ -163,30 +141,27 @@ func TestRemoteHTTPS(t *testing.T) {
 	// only) follows it.
 	for _, cmd := range [][]string{{"map", "--output=json"}, {"check"}, {"info", "--backing-chain"}} {
 		args := append(append([]string{}, cmd...), "--ca-file", ng.CAFile, url)
-		if out, err := qcowfs(args...); err == nil || !strings.Contains(out, "outside") || !strings.Contains(out, "--allow-backing-outside") {
-			t.Errorf("qcowfs %s of a chain leaving the image's folder: err %v, output %q; want a refusal with a hint", cmd[0], err, out)
+		r := harness.Run(t, args...)
+		if out := r.Stdout + r.Stderr; r.Code == 0 || !strings.Contains(out, "outside") || !strings.Contains(out, "--allow-backing-outside") {
+			t.Errorf("qcowfs %s of a chain leaving the image's folder: exit status %d, output %q; want a refusal with a hint", cmd[0], r.Code, out)
 		}
 	}
 	allow := "--allow-backing-outside=" + ng.URL + "/"
-	out, err = exec.Command(qcowfsBin, "map", "--output=json", "--ca-file", ng.CAFile, allow, url).Output()
-	if err != nil {
-		t.Fatalf("qcowfs map %s of the chain: %v", allow, err)
-	}
+	r = harness.Run(t, "map", "--output=json", "--ca-file", ng.CAFile, allow, url)
+	harness.WantOK(t, "qcowfs map "+allow+" of the chain", r)
 	got = nil
-	if err := json.Unmarshal(out, &got); err != nil {
-		t.Fatalf("qcowfs map: %v\n%s", err, out)
-	}
+	r.JSON(t, &got)
 	if want := qemu.Map(t, top); !reflect.DeepEqual(got, want) {
 		t.Errorf("qcowfs map of the chain's URL:\n%+v\nqemu-img map of the file:\n%+v", got, want)
 	}
-	if out, err := qcowfs("check", "--ca-file", ng.CAFile, allow, url); err != nil || !strings.Contains(out, "No errors were found") {
-		t.Errorf("qcowfs check %s of the chain: %v\n%s", allow, err, out)
+	if r := harness.Run(t, "check", "--ca-file", ng.CAFile, allow, url); r.Code != 0 || !strings.Contains(r.Stdout, "No errors were found") {
+		t.Errorf("qcowfs check %s of the chain: exit status %d\n%s%s", allow, r.Code, r.Stdout, r.Stderr)
 	}
-	if out, err := qcowfs("info", "--backing-chain", "--ca-file", ng.CAFile, allow, url); err != nil || strings.Count(out, "virtual size: 64 MiB") != 2 {
-		t.Errorf("qcowfs info --backing-chain %s: %v\n%s", allow, err, out)
+	if r := harness.Run(t, "info", "--backing-chain", "--ca-file", ng.CAFile, allow, url); r.Code != 0 || strings.Count(r.Stdout, "virtual size: 64 MiB") != 2 {
+		t.Errorf("qcowfs info --backing-chain %s: exit status %d\n%s%s", allow, r.Code, r.Stdout, r.Stderr)
 	}
-	if _, err := qcowfs("map", "--allow-backing-outside="+root, url); exitCode(err) != 2 {
-		t.Errorf("qcowfs map --allow-backing-outside=LOCAL-DIR: %v, want exit status 2", err)
+	if r := harness.Run(t, "map", "--allow-backing-outside="+root, url); r.Code != 2 {
+		t.Errorf("qcowfs map --allow-backing-outside=LOCAL-DIR: exit status %d, want 2", r.Code)
 	}
 }
 
@@ -208,8 +183,8 @@ func TestRemoteInfoMatchesQemu(t *testing.T) {
 		for _, out := range []string{"human", "json"} {
 			for _, cmd := range [][]string{{"info"}, {"info", "--backing-chain"}, {"map"}, {"check"}} {
 				args := append(append([]string{}, cmd...), "--output="+out, url)
-				q, us := cliBoth(t, root, args...)
-				cliSameAsQemu(t, strings.Join(args, " "), q, us)
+				q, us := harness.Both(t, root, args...)
+				harness.SameAsQemu(t, strings.Join(args, " "), q, us)
 			}
 		}
 	}
@@ -220,7 +195,7 @@ func TestRemoteInfoMatchesQemu(t *testing.T) {
 // --allow-backing-outside naming the local folder; --writable is refused
 // with a remote source.
 func TestRemoteNoLocalFiles(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	root := qemu.TempDir(t)
 	if err := os.Mkdir(filepath.Join(root, "m"), 0o755); err != nil {
 		t.Fatal(err)
@@ -230,14 +205,14 @@ func TestRemoteNoLocalFiles(t *testing.T) {
 	for _, name := range []string{local, "file:" + local} {
 		qemu.Create(t, "qcow2", filepath.Join(root, "m", "top.qcow2"), "8M", "-b", name, "-F", "qcow2", "-u")
 		ng := servers.StartNginx(t, root, false)
-		_, out, err := tryMountRemote(t, ng.URL+"/m/top.qcow2", nil, "--allow-backing-outside="+filepath.Dir(local))
+		_, out, err := tryMountRemote(t, harness.Daemon{}, ng.URL+"/m/top.qcow2", "--allow-backing-outside="+filepath.Dir(local))
 		if err == nil || !strings.Contains(out, "refused") {
 			t.Errorf("backing file %q: err %v, output %q; want a refusal", name, err, out)
 		}
 	}
 	qemu.Create(t, "qcow2", filepath.Join(root, "plain.qcow2"), "8M")
 	ng := servers.StartNginx(t, root, false)
-	if _, out, err := tryMountRemote(t, ng.URL+"/plain.qcow2", nil, "--writable"); err == nil || !strings.Contains(out, "read-only") {
+	if _, out, err := tryMountRemote(t, harness.Daemon{}, ng.URL+"/plain.qcow2", "--writable"); err == nil || !strings.Contains(out, "read-only") {
 		t.Errorf("--writable with a URL: err %v, output %q; want a refusal", err, out)
 	}
 }
@@ -248,7 +223,7 @@ func TestRemoteNoLocalFiles(t *testing.T) {
 // the image file allocates: holes are answered from metadata, and no data
 // range is fetched twice.
 func TestRemoteSparseCopy(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	root := qemu.TempDir(t)
 	img := filepath.Join(root, "sparse.qcow2")
 	qemu.Create(t, "qcow2", img, "1G")
@@ -259,15 +234,15 @@ func TestRemoteSparseCopy(t *testing.T) {
 	}
 	allocated := st.Blocks * 512
 	ng := servers.StartNginx(t, root, false)
-	m := mountRemote(t, ng.URL+"/sparse.qcow2", nil)
+	m := mountRemote(t, harness.Daemon{}, ng.URL+"/sparse.qcow2")
 	out := filepath.Join(t.TempDir(), "out.raw")
 	if b, err := exec.Command("cp", "--sparse=always", filepath.Join(m.Dir, "sparse.raw"), out).CombinedOutput(); err != nil {
 		t.Fatalf("cp: %v %s", err, b)
 	}
-	sameFile(t, out, wantRaw(t, t.TempDir(), img))
+	harness.SameFile(t, out, wantRaw(t, t.TempDir(), img))
 	// The daemon's counters: the mount command's own check of the
 	// image before mounting (its header and tables) is not the copy's.
-	stats := m.remoteStats(t)
+	stats := remoteStats(t, m)
 	log := ng.WaitLog(t, int(stats.Requests))
 	t.Logf("image file allocates %d bytes; the daemon fetched %d in %d requests; nginx sent %d in %d requests in all",
 		allocated, stats.Bytes, stats.Requests, servers.BodyBytes(log), len(log))
@@ -291,7 +266,7 @@ func TestRemoteSparseCopy(t *testing.T) {
 // server, and nothing else: not the mount table, the daemon's log, its
 // status, or the error of a failed mount.
 func TestRemoteURLCredentials(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	root := qemu.TempDir(t)
 	img := filepath.Join(root, "vm.qcow2")
 	qemu.Create(t, "qcow2", img, "8M")
@@ -300,15 +275,15 @@ func TestRemoteURLCredentials(t *testing.T) {
 	const password = "s3cr3t-pa55word"
 	withPass := strings.Replace(ng.URL, "://", "://user:"+password+"@", 1)
 
-	_, out, err := tryMountRemote(t, withPass+"/missing.qcow2", nil)
+	_, out, err := tryMountRemote(t, harness.Daemon{}, withPass+"/missing.qcow2")
 	if err == nil || strings.Contains(out, password) {
 		t.Errorf("mount of a missing object: err %v, output %q; want a failure without the password", err, out)
 	}
-	m := mountRemote(t, withPass+"/vm.qcow2", nil)
-	sameFile(t, filepath.Join(m.Dir, "vm.raw"), wantRaw(t, t.TempDir(), img))
-	status, _ := qcowfs("status", "--output=json", m.Dir)
+	m := mountRemote(t, harness.Daemon{}, withPass+"/vm.qcow2")
+	harness.SameFile(t, filepath.Join(m.Dir, "vm.raw"), wantRaw(t, t.TempDir(), img))
+	status := harness.Run(t, "status", "--output=json", m.Dir).Stdout
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
-	for what, text := range map[string]string{"the log": m.logText(t), "qcowfs status": status, "the mount table": string(mounts)} {
+	for what, text := range map[string]string{"the log": m.LogText(t), "qcowfs status": status, "the mount table": string(mounts)} {
 		if strings.Contains(text, password) {
 			t.Errorf("%s shows the URL's password", what)
 		}

@@ -1,4 +1,4 @@
-package test
+package remote
 
 import (
 	"fmt"
@@ -6,29 +6,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
-	"sort"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
-
-// listNames lists a folder of the mount, sorted.
-func listNames(t testing.TB, dir string) []string {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range ents {
-		out = append(out, e.Name())
-	}
-	sort.Strings(out)
-	return out
-}
 
 // TestRemoteS3 mounts a prefix of a versitygw bucket: its qcow2 objects
 // appear in folders mirroring their keys (nested prefixes, a backing chain
@@ -39,7 +24,7 @@ func listNames(t testing.TB, dir string) []string {
 // mount with a clear error, a non-zero exit, nothing mounted, and neither
 // secret appears in any message or log.
 func TestRemoteS3(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	srv := startS3(t, "images")
 	work := qemu.TempDir(t)
 	img := func(name, size string, cmds ...string) string {
@@ -67,7 +52,7 @@ func TestRemoteS3(t *testing.T) {
 
 	// A wrong secret: refused before anything is mounted.
 	wrong := s3Env(t, srv.Access, "wrong-secret-key-0123456789")
-	_, out, err := tryMountRemote(t, "s3://images/vms/", wrong, "--s3-endpoint", srv.Endpoint)
+	_, out, err := tryMountRemote(t, harness.Daemon{Env: wrong}, "s3://images/vms/", "--s3-endpoint", srv.Endpoint)
 	if err == nil || !strings.Contains(out, "access denied") {
 		t.Errorf("mount with a wrong secret key: err %v, output %q; want an access denied error", err, out)
 	}
@@ -76,15 +61,15 @@ func TestRemoteS3(t *testing.T) {
 	}
 
 	// The endpoint as an -o option, as in fstab.
-	m := mountRemote(t, "s3://images/vms/", env, "-o", "s3_endpoint="+srv.Endpoint+",remote_refresh=1s", racyMount)
+	m := mountRemote(t, harness.Daemon{Env: env, Racy: true}, "s3://images/vms/", "-o", "s3_endpoint="+srv.Endpoint+",remote_refresh=1s")
 	for dir, want := range map[string][]string{"": {"a.raw", "deep"}, "deep": {"b.raw", "er"}, "deep/er": {"c.raw"}} {
-		if got := listNames(t, filepath.Join(m.Dir, dir)); !reflect.DeepEqual(got, want) {
+		if got := harness.Names(t, filepath.Join(m.Dir, dir)); !reflect.DeepEqual(got, want) {
 			t.Errorf("folder %q of the mount lists %q, want %q", dir, got, want)
 		}
 	}
 	expect := t.TempDir()
 	for raw, image := range map[string]string{"a.raw": a, "deep/b.raw": b, "deep/er/c.raw": c} {
-		sameFile(t, filepath.Join(m.Dir, raw), wantRaw(t, t.TempDir(), image))
+		harness.SameFile(t, filepath.Join(m.Dir, raw), wantRaw(t, t.TempDir(), image))
 	}
 
 	// df: the objects under the prefix (images or not), their bytes as
@@ -104,25 +89,25 @@ func TestRemoteS3(t *testing.T) {
 	n := img("new.qcow2", "4M", "write -P 0x65 0 3M")
 	putFile(t, srv, "images", "vms/deep/new.qcow2", n)
 	put := time.Now()
-	waitFor(t, "the new object to appear", 5*time.Second, func() bool {
+	harness.WaitFor(t, "the new object to appear", 5*time.Second, func() bool {
 		_, err := os.Stat(filepath.Join(m.Dir, "deep", "new.raw"))
 		return err == nil
 	})
 	if d := time.Since(put); d > 2500*time.Millisecond {
 		t.Errorf("the new object appeared after %v; the refresh interval is 1s", d)
 	}
-	sameFile(t, filepath.Join(m.Dir, "deep", "new.raw"), wantRaw(t, expect, n))
+	harness.SameFile(t, filepath.Join(m.Dir, "deep", "new.raw"), wantRaw(t, expect, n))
 
 	// Replaced while mounted (and not open): the next listing shows the
 	// new version, a new file with the new size and bytes.
 	putFile(t, srv, "images", "vms/a.qcow2", n)
-	waitFor(t, "the replaced object to show its new size", 5*time.Second, func() bool {
+	harness.WaitFor(t, "the replaced object to show its new size", 5*time.Second, func() bool {
 		st, err := os.Stat(filepath.Join(m.Dir, "a.raw"))
 		return err == nil && st.Size() == 4<<20
 	})
-	sameFile(t, filepath.Join(m.Dir, "a.raw"), filepath.Join(expect, "new.raw"))
+	harness.SameFile(t, filepath.Join(m.Dir, "a.raw"), filepath.Join(expect, "new.raw"))
 
-	log := m.logText(t)
+	log := m.LogText(t)
 	if strings.Contains(log, srv.Secret) {
 		t.Errorf("the daemon's log shows the secret key")
 	}

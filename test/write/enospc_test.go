@@ -1,4 +1,4 @@
-package test
+package write
 
 import (
 	"errors"
@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -65,7 +66,7 @@ func leaveFree(t *testing.T, dir string, free int64) string {
 // keeps no space reserved past its clusters, qemu-img check finds it clean
 // and every write acknowledged by fsync reads back.
 func TestENOSPC(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	qemu.Require(t, "qemu-img", "qemu-io", "fallocate")
 	for _, freeMiB := range []int64{1, 4, 24} {
 		t.Run(fmt.Sprintf("%dMiB", freeMiB), func(t *testing.T) {
@@ -81,14 +82,14 @@ func TestENOSPC(t *testing.T) {
 			// qemu's own writer succeeds here.
 			qemu.IO(t, peer, "write -P 0x33 0 4k")
 
-			m := mountImages(t, src, "--writable")
+			m := harness.Mount(t, src, "--writable")
 			raw := filepath.Join(m.Dir, "fresh.raw")
 			f, err := os.OpenFile(raw, os.O_RDWR|unix.O_DIRECT, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer f.Close()
-			buf := alignedBlock(t, 1<<20)
+			buf := harness.AlignedBlock(t, 1<<20)
 			model := make([]byte, 64<<20)
 			write := func(off int64, n int, fill byte) error {
 				for i := range buf[:n] {
@@ -125,7 +126,7 @@ func TestENOSPC(t *testing.T) {
 			}
 			copy(model[off:], buf[:1<<20])
 			f.Close()
-			m.unmount(t)
+			m.Unmount(t)
 
 			qemu.Img(t, "check", img)
 			out := string(qemu.Img(t, "check", "--output=json", img))
@@ -147,15 +148,4 @@ func TestENOSPC(t *testing.T) {
 			qemu.Img(t, "compare", "-f", "qcow2", "-F", "raw", img, modelFile)
 		})
 	}
-}
-
-// alignedBlock returns an anonymous mapping of n bytes, aligned for
-// O_DIRECT, unmapped when the test ends.
-func alignedBlock(t *testing.T, n int) []byte {
-	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Munmap(b) })
-	return b
 }

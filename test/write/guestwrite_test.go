@@ -1,10 +1,9 @@
-package test
+package write
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io/fs"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -46,50 +46,12 @@ func makeTwoPartDisk(t *testing.T, dir string, partSize int64) string {
 	return disk
 }
 
-// attachLoopRW attaches file to a loop device for reading and writing and
-// detaches it when the test ends (or when the returned func is called).
-func attachLoopRW(t *testing.T, file string) (string, func()) {
-	t.Helper()
-	dev := strings.TrimSpace(string(qemu.Run(t, "losetup", "-f", "--show", file)))
-	done := false
-	detach := func() {
-		if !done {
-			done = true
-			if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-				t.Errorf("losetup -d %s: %v %s", dev, err, out)
-			}
-		}
-	}
-	t.Cleanup(detach)
-	return dev, detach
-}
-
-// mountRW mounts the ext4 on dev read-write and unmounts it when the test
-// ends (or when the returned func is called).
-func mountRW(t *testing.T, dev string) (string, func()) {
-	t.Helper()
-	dir := t.TempDir()
-	qemu.Run(t, "mount", "-t", "ext4", dev, dir)
-	done := false
-	unmount := func() {
-		if !done {
-			done = true
-			if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-				t.Errorf("umount %s: %v %s", dir, err, out)
-				exec.Command("umount", "-l", dir).Run()
-			}
-		}
-	}
-	t.Cleanup(unmount)
-	return dir, unmount
-}
-
-// writeFiles writes n seeded files into dir and returns their sha256 by
-// relative path.
-func writeFiles(t *testing.T, dir string, n int, seed uint64) map[string]string {
+// writeFiles writes n seeded files into dir (in 17 folders) and returns
+// what it wrote, as harness.ReadTree will find it.
+func writeFiles(t *testing.T, dir string, n int, seed uint64) map[string]harness.TreeEntry {
 	t.Helper()
 	r := rand.New(rand.NewPCG(seed, 3))
-	sums := map[string]string{}
+	tree := map[string]harness.TreeEntry{}
 	for i := 0; i < n; i++ {
 		name := fmt.Sprintf("d%02d/f%03d.bin", i%17, i)
 		b := make([]byte, r.IntN(64<<10))
@@ -101,9 +63,10 @@ func writeFiles(t *testing.T, dir string, n int, seed uint64) map[string]string 
 			t.Fatal(err)
 		}
 		s := sha256.Sum256(b)
-		sums[name] = hex.EncodeToString(s[:])
+		tree[filepath.Dir(name)] = harness.TreeEntry{Dir: true}
+		tree[name] = harness.TreeEntry{Size: int64(len(b)), Sum: hex.EncodeToString(s[:])}
 	}
-	return sums
+	return tree
 }
 
 // TestGuestFilesystemWritable: a GPT disk's second partition file
@@ -114,7 +77,7 @@ func writeFiles(t *testing.T, dir string, n int, seed uint64) map[string]string 
 // mount reads every remaining file back with its sha256. Also mkfs.ext4
 // straight on an empty image's raw file.
 func TestGuestFilesystemWritable(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	qemu.Require(t, "sfdisk", "mkfs.ext4", "e2fsck", "losetup", "fstrim", "mount")
 	work := t.TempDir()
 	src := qemu.TempDir(t)
@@ -124,25 +87,28 @@ func TestGuestFilesystemWritable(t *testing.T) {
 	qemu.Img(t, "convert", "-q", "-f", "raw", "-O", "qcow2", disk, img)
 	qemu.Create(t, "qcow2", filepath.Join(src, "blank.qcow2"), "64M")
 
-	m := mountImages(t, src, "--writable")
+	m := harness.Mount(t, src, "--writable")
 	p2 := filepath.Join(m.Dir, "vm.raw.parts", "p2")
 	if st, err := os.Stat(p2); err != nil || st.Size() != partSize || st.Mode().Perm()&0o200 == 0 {
 		t.Fatalf("p2: %v, %v; want a writable file of %d bytes", st, err, partSize)
 	}
 	qemu.Run(t, "mkfs.ext4", "-q", "-F", "-E", "nodiscard", p2)
-	dev, detach := attachLoopRW(t, p2)
-	dir, umount := mountRW(t, dev)
-	sums := writeFiles(t, dir, 400, 1)
+	dev, detach := harness.AttachLoop(t, p2)
+	dir, umount := harness.MountGuest(t, dev, "")
+	want := writeFiles(t, dir, 400, 1)
 	qemu.Run(t, "sync", "-f", dir)
 	// Delete every other file: space for fstrim to give back.
-	for name := range sums {
+	for name, e := range want {
+		if e.Dir {
+			continue
+		}
 		if strings.HasSuffix(strings.TrimSuffix(name, ".bin"), "0") || strings.HasSuffix(strings.TrimSuffix(name, ".bin"), "2") ||
 			strings.HasSuffix(strings.TrimSuffix(name, ".bin"), "4") || strings.HasSuffix(strings.TrimSuffix(name, ".bin"), "6") ||
 			strings.HasSuffix(strings.TrimSuffix(name, ".bin"), "8") {
 			if err := os.Remove(filepath.Join(dir, name)); err != nil {
 				t.Fatal(err)
 			}
-			delete(sums, name)
+			delete(want, name)
 		}
 	}
 	qemu.Run(t, "sync", "-f", dir)
@@ -161,10 +127,10 @@ func TestGuestFilesystemWritable(t *testing.T) {
 	if out, err := exec.Command("e2fsck", "-fn", blank).CombinedOutput(); err != nil {
 		t.Errorf("e2fsck -fn %s: %v\n%s", blank, err, out)
 	}
-	m.unmount(t)
+	m.Unmount(t)
 
-	qemuCheckClean(t, img)
-	qemuCheckClean(t, filepath.Join(src, "blank.qcow2"))
+	qemu.CheckClean(t, img)
+	qemu.CheckClean(t, filepath.Join(src, "blank.qcow2"))
 	if usedAfter := allocated(t, img); usedAfter >= usedBefore {
 		t.Errorf("the image takes %d bytes after fstrim, %d before: fstrim gave nothing back", usedAfter, usedBefore)
 	} else {
@@ -172,41 +138,10 @@ func TestGuestFilesystemWritable(t *testing.T) {
 	}
 
 	// A fresh read-only mount reads the files back.
-	ro := mountImages(t, src)
-	rdev := attachLoop2(t, filepath.Join(ro.Dir, "vm.raw.parts", "p2"))
-	rdir := mountGuest(t, rdev)
-	got := map[string]string{}
-	filepath.WalkDir(rdir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || strings.HasPrefix(d.Name(), "lost+found") {
-			return nil
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Error(err)
-			return nil
-		}
-		rel, _ := filepath.Rel(rdir, p)
-		s := sha256.Sum256(b)
-		got[filepath.ToSlash(rel)] = hex.EncodeToString(s[:])
-		return nil
-	})
-	if len(got) != len(sums) {
-		t.Errorf("read back %d files, wrote %d", len(got), len(sums))
-	}
-	for name, want := range sums {
-		if got[name] != want {
-			t.Errorf("%s: sha256 %s, wrote %s", name, got[name], want)
-		}
-	}
-}
-
-// attachLoop2 attaches a file read-only to a loop device (no partition
-// scan) and detaches it when the test ends.
-func attachLoop2(t *testing.T, file string) string {
-	t.Helper()
-	dev := strings.TrimSpace(string(qemu.Run(t, "losetup", "-r", "-f", "--show", file)))
-	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
-	return dev
+	ro := harness.Mount(t, src)
+	rdev, _ := harness.AttachLoop(t, filepath.Join(ro.Dir, "vm.raw.parts", "p2"), "-r")
+	rdir, _ := harness.MountGuest(t, rdev, "ro,noload")
+	harness.CompareTrees(t, harness.ReadTree(t, rdir), want)
 }
 
 // TestFioVerify: fio's random writes of 4 KiB, 64 KiB and 1 MiB blocks with
@@ -215,14 +150,14 @@ func attachLoop2(t *testing.T, file string) string {
 // read back right after they are written. Verification passes and
 // qemu-img check finds the images clean.
 func TestFioVerify(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	qemu.Require(t, "fio")
 	src := qemu.TempDir(t)
 	qemu.Create(t, "qcow2", filepath.Join(src, "empty.qcow2"), "256M")
 	full := filepath.Join(src, "full.qcow2")
 	qemu.Create(t, "qcow2", full, "256M")
 	qemu.IO(t, full, "write -P 0x5a 0 256M")
-	m := mountImages(t, src, "--writable", racyMount)
+	m := harness.Racy.Mount(t, src, "--writable")
 	for _, image := range []string{"empty", "full"} {
 		for _, bs := range []string{"4k", "64k", "1m"} {
 			t.Run(image+"-"+bs, func(t *testing.T) {
@@ -245,7 +180,7 @@ func TestFioVerify(t *testing.T) {
 			})
 		}
 	}
-	m.unmount(t)
-	qemuCheckClean(t, filepath.Join(src, "empty.qcow2"))
-	qemuCheckClean(t, full)
+	m.Unmount(t)
+	qemu.CheckClean(t, filepath.Join(src, "empty.qcow2"))
+	qemu.CheckClean(t, full)
 }

@@ -1,4 +1,4 @@
-package test
+package write
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -59,7 +60,7 @@ func killOffset(seed, seq uint64) int64 {
 }
 
 func TestKillDaemonUnderLoad(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	const rounds = 20
 	r := rand.New(rand.NewPCG(42, 42))
 	for round := 0; round < rounds; round++ {
@@ -73,8 +74,8 @@ func TestKillDaemonUnderLoad(t *testing.T) {
 			if round%2 == 1 {
 				args = append(args, "--no-writeback-cache")
 			}
-			m := mountImages(t, src, args...)
-			daemons := cliDaemons(t, m.Dir)
+			m := harness.Mount(t, src, args...)
+			daemons := harness.Daemons(t, m.Dir)
 			if len(daemons) != 1 {
 				t.Fatalf("want one daemon, have %v", daemons)
 			}
@@ -121,13 +122,13 @@ func TestKillDaemonUnderLoad(t *testing.T) {
 			}
 			f.Close()
 			ack.Close()
-			cliWaitGone(t, m.Dir)
+			harness.WaitGone(t, m.Dir)
 			exec.Command("fusermount3", "-uz", m.Dir).Run()
 
 			// No corruption.
-			out, err := exec.Command("qemu-img", "check", img).CombinedOutput()
-			if code := exitCode(err); code != 0 && code != 3 {
-				t.Fatalf("qemu-img check after kill -9 (exit %d):\n%s", code, out)
+			check := harness.RunCmd(t, exec.Command("qemu-img", "check", img))
+			if check.Code != 0 && check.Code != 3 {
+				t.Fatalf("qemu-img check after kill -9 (exit %d):\n%s%s", check.Code, check.Stdout, check.Stderr)
 			}
 			// Every acknowledged record, or a later one for its offset.
 			raw := qemu.ToRaw(t, img, filepath.Join(t.TempDir(), "after.raw"))
@@ -149,10 +150,10 @@ func TestKillDaemonUnderLoad(t *testing.T) {
 					t.Fatalf("offset %d: record %d is not what was written", off, seq)
 				}
 			}
-			t.Logf("round %d (%v): fsync every %d, %d records acknowledged, qemu-img check exit %d", round, args, every, acked, exitCode(err))
+			t.Logf("round %d (%v): fsync every %d, %d records acknowledged, qemu-img check exit %d", round, args, every, acked, check.Code)
 
 			// It mounts and writes again.
-			m2 := mountImages(t, src, "--writable")
+			m2 := harness.Mount(t, src, "--writable")
 			g, err := os.OpenFile(filepath.Join(m2.Dir, "vm.raw"), os.O_RDWR, 0)
 			if err != nil {
 				t.Fatal(err)
@@ -164,11 +165,11 @@ func TestKillDaemonUnderLoad(t *testing.T) {
 				t.Fatal(err)
 			}
 			g.Close()
-			m2.unmount(t)
-			cliWaitGone(t, m2.Dir) // (its locks go with it)
-			out, err = exec.Command("qemu-img", "check", img).CombinedOutput()
-			if code := exitCode(err); code != 0 && code != 3 {
-				t.Fatalf("qemu-img check after mounting again (exit %d):\n%s", code, out)
+			m2.Unmount(t)
+			harness.WaitGone(t, m2.Dir) // (its locks go with it)
+			check = harness.RunCmd(t, exec.Command("qemu-img", "check", img))
+			if check.Code != 0 && check.Code != 3 {
+				t.Fatalf("qemu-img check after mounting again (exit %d):\n%s%s", check.Code, check.Stdout, check.Stderr)
 			}
 		})
 	}

@@ -1,13 +1,9 @@
-package test
+package write
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -22,61 +19,6 @@ import (
 // written; the first write to an image makes DIR/REL, a qcow2 with the
 // original as backing file. qemu is the oracle: qemu-img check and info of
 // the overlays, qemu-img convert of them against a raw model.
-
-// treeSums returns the sha256 of every regular file under dir, by path.
-func treeSums(t *testing.T, dir string) map[string][32]byte {
-	t.Helper()
-	sums := map[string][32]byte{}
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return err
-		}
-		sums[p] = fileSHA(t, p)
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sums
-}
-
-func sameTree(t *testing.T, dir string, want map[string][32]byte) {
-	t.Helper()
-	got := treeSums(t, dir)
-	for p, s := range want {
-		if got[p] != s {
-			t.Errorf("%s changed in overlay mode", p)
-		}
-	}
-	for p := range got {
-		if _, ok := want[p]; !ok {
-			t.Errorf("%s appeared in the source in overlay mode", p)
-		}
-	}
-}
-
-// imgInfo is what qemu-img info --output=json says of an overlay.
-type imgInfo struct {
-	VirtualSize    int64  `json:"virtual-size"`
-	ClusterSize    int64  `json:"cluster-size"`
-	Format         string `json:"format"`
-	BackingFile    string `json:"backing-filename"`
-	BackingFormat  string `json:"backing-filename-format"`
-	FullBackingRef string `json:"full-backing-filename"`
-}
-
-func qemuInfo(t *testing.T, path string) imgInfo {
-	t.Helper()
-	out, err := exec.Command("qemu-img", "info", "--output=json", path).Output()
-	var in imgInfo
-	if err == nil {
-		err = json.Unmarshal(out, &in)
-	}
-	if err != nil {
-		t.Fatalf("qemu-img info %s: %v", path, err)
-	}
-	return in
-}
 
 // TestOverlayWrites: the write matrix's images (and one in a sub-folder)
 // written through an overlay mount. After unmount no file of the source
@@ -89,7 +31,7 @@ func qemuInfo(t *testing.T, path string) imgInfo {
 // the same and appends to the same overlays; deleting an overlay shows
 // the original again.
 func TestOverlayWrites(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	work := t.TempDir()
 	ov := filepath.Join(t.TempDir(), "overlays")
@@ -106,7 +48,7 @@ func TestOverlayWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := treeSums(t, src)
+	before := harness.ReadTree(t, src)
 
 	type state struct {
 		im     qemu.WriteImage
@@ -121,7 +63,7 @@ func TestOverlayWrites(t *testing.T) {
 		}
 		all = append(all, s)
 	}
-	apply := func(m *mount, round string, n int) {
+	apply := func(m *harness.Mounted, round string, n int) {
 		for _, s := range all {
 			f, err := os.OpenFile(filepath.Join(m.Dir, s.im.Name+".raw"), os.O_RDWR, 0)
 			if err != nil {
@@ -141,14 +83,14 @@ func TestOverlayWrites(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if i := firstDiff(got, s.model); i >= 0 {
+			if i := harness.FirstDiff(got, s.model); i >= 0 {
 				t.Errorf("%s: the mount reads differently from the model at byte %d (lengths %d, %d)", s.im.Name, i, len(got), len(s.model))
 			}
 		}
 	}
 	logMount = nil
 
-	m := mountImages(t, src, "--writable", "--overlay", ov, racyMount)
+	m := harness.Racy.Mount(t, src, "--writable", "--overlay", ov)
 	logMount = m
 	// Read one image whole, open another for writing without a write.
 	if _, err := os.ReadFile(filepath.Join(m.Dir, "only-read.raw")); err != nil {
@@ -161,9 +103,9 @@ func TestOverlayWrites(t *testing.T) {
 	}
 	apply(m, "first", 30)
 	logMount = nil
-	m.unmount(t)
+	m.Unmount(t)
 
-	sameTree(t, src, before)
+	harness.CompareTrees(t, harness.ReadTree(t, src), before) // the source is untouched
 	if _, err := os.Lstat(filepath.Join(ov, "only-read.qcow2")); !os.IsNotExist(err) {
 		t.Errorf("an image never written has an overlay (%v)", err)
 	}
@@ -171,17 +113,18 @@ func TestOverlayWrites(t *testing.T) {
 	check := func(t *testing.T, s *state) string {
 		t.Helper()
 		o := filepath.Join(ov, s.im.Name+".qcow2")
-		qemuCheckClean(t, o)
-		in := qemuInfo(t, o)
+		qemu.CheckClean(t, o)
+		in := qemu.Info(t, o)
 		orig := filepath.Join(realSrc, s.im.Name+".qcow2")
-		if in.Format != "qcow2" || in.BackingFile != orig || in.BackingFormat != "qcow2" || in.ClusterSize != s.im.ClusterSize || in.VirtualSize != int64(len(s.model)) {
-			t.Errorf("qemu-img info of the overlay: %+v; want backing file %s, format qcow2, cluster size %d, size %d", in, orig, s.im.ClusterSize, len(s.model))
+		if in["format"] != "qcow2" || in["backing-filename"] != orig || in["backing-filename-format"] != "qcow2" ||
+			in["cluster-size"] != float64(s.im.ClusterSize) || in["virtual-size"] != float64(len(s.model)) {
+			t.Errorf("qemu-img info of the overlay: %v; want backing file %s, format qcow2, cluster size %d, size %d", in, orig, s.im.ClusterSize, len(s.model))
 		}
 		got, err := os.ReadFile(qemu.ToRaw(t, o, filepath.Join(work, strings.ReplaceAll(s.im.Name, "/", "_")+".after")))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if i := firstDiff(got, s.model); i >= 0 {
+		if i := harness.FirstDiff(got, s.model); i >= 0 {
 			t.Errorf("qemu-img convert of the overlay differs from the model at byte %d", i)
 		}
 		for _, e := range qemu.Map(t, o) {
@@ -207,13 +150,13 @@ func TestOverlayWrites(t *testing.T) {
 
 	// Again with the same folder: the same bytes, more writes into the
 	// same overlay files.
-	m = mountImages(t, src, "--writable", "--overlay", ov, racyMount)
+	m = harness.Racy.Mount(t, src, "--writable", "--overlay", ov)
 	for _, s := range all {
 		got, err := os.ReadFile(filepath.Join(m.Dir, s.im.Name+".raw"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if i := firstDiff(got, s.model); i >= 0 {
+		if i := harness.FirstDiff(got, s.model); i >= 0 {
 			t.Errorf("%s: the second mount reads differently from the model at byte %d", s.im.Name, i)
 		}
 	}
@@ -227,8 +170,8 @@ func TestOverlayWrites(t *testing.T) {
 		}
 	}
 	apply(m, "second", 10)
-	m.unmount(t)
-	sameTree(t, src, before)
+	m.Unmount(t)
+	harness.CompareTrees(t, harness.ReadTree(t, src), before) // the source is untouched
 	for _, s := range all {
 		t.Run("second/"+s.im.Name, func(t *testing.T) {
 			o := check(t, s)
@@ -247,9 +190,9 @@ func TestOverlayWrites(t *testing.T) {
 	if err := os.Remove(filepath.Join(ov, s.im.Name+".qcow2")); err != nil {
 		t.Fatal(err)
 	}
-	m = mountImages(t, src, "--writable", "--overlay", ov)
-	sameFile(t, filepath.Join(m.Dir, s.im.Name+".raw"), filepath.Join(work, s.im.Name+".before"))
-	m.unmount(t)
+	m = harness.Mount(t, src, "--writable", "--overlay", ov)
+	harness.SameFile(t, filepath.Join(m.Dir, s.im.Name+".raw"), filepath.Join(work, s.im.Name+".before"))
+	m.Unmount(t)
 }
 
 // TestOverlayRules: --overlay needs --writable, and a folder outside the
@@ -258,7 +201,7 @@ func TestOverlayWrites(t *testing.T) {
 // backing file is refused with a message naming both, while the mount's
 // other images work.
 func TestOverlayRules(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	qemu.Create(t, "qcow2", filepath.Join(src, "a.qcow2"), "8M")
 	qemu.Create(t, "qcow2", filepath.Join(src, "b.qcow2"), "8M")
@@ -275,15 +218,12 @@ func TestOverlayRules(t *testing.T) {
 		{[]string{"--writable", "--overlay", filepath.Join(mnt, "ov")}, "inside the mount point", 1},
 		{[]string{"--writable", "-o", "overlay=" + filepath.Join(src, "x")}, "inside the source folder", 1},
 	} {
-		out, err := qcowfs(append(append([]string{"mount"}, c.args...), src, mnt)...)
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		}
+		r := harness.Run(t, append(append([]string{"mount"}, c.args...), src, mnt)...)
+		out, code := r.Stdout+r.Stderr, r.Code
 		if code != c.code || !strings.Contains(out, c.want) || strings.Count(strings.TrimSpace(out), "\n") > 1 {
 			t.Errorf("qcowfs mount %v: exit %d, %q; want exit %d and a line saying %q", c.args, code, out, c.code, c.want)
 		}
-		if isMounted(mnt) {
+		if harness.IsMounted(mnt) {
 			t.Fatalf("qcowfs mount %v left a mount", c.args)
 		}
 	}
@@ -296,7 +236,7 @@ func TestOverlayRules(t *testing.T) {
 	other := filepath.Join(t.TempDir(), "other.qcow2")
 	qemu.Create(t, "qcow2", other, "8M")
 	qemu.Img(t, "create", "-q", "-f", "qcow2", "-b", other, "-F", "qcow2", filepath.Join(ov, "a.qcow2"))
-	m := mountImages(t, src, "--writable", "--overlay", ov, "--allow-backing-outside", filepath.Dir(other))
+	m := harness.Mount(t, src, "--writable", "--overlay", ov, "--allow-backing-outside", filepath.Dir(other))
 	if _, err := os.ReadFile(filepath.Join(m.Dir, "a.raw")); err == nil {
 		t.Errorf("a.raw readable through an overlay that names %s as its backing file", other)
 	}
@@ -314,8 +254,8 @@ func TestOverlayRules(t *testing.T) {
 	if _, err := os.OpenFile(filepath.Join(m.Dir, "notes.txt"), os.O_WRONLY, 0); err == nil {
 		t.Errorf("a plain file opened for writing in overlay mode")
 	}
-	m.unmount(t)
-	log := m.logText(t)
+	m.Unmount(t)
+	log := m.LogText(t)
 	if !strings.Contains(log, "does not belong to") || !strings.Contains(log, other) {
 		t.Errorf("the log does not say why a.qcow2's overlay was refused:\n%s", log)
 	}
@@ -329,16 +269,16 @@ func TestOverlayRules(t *testing.T) {
 // there is no overlay, the original is unchanged, and the next mount
 // makes the overlay and writes through it.
 func TestOverlayCrash(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	img := filepath.Join(src, "c.qcow2")
 	qemu.Create(t, "qcow2", img, "16M")
 	qemu.Run(t, "qemu-io", "-c", "write -P 0x33 0 2M", img)
-	before := treeSums(t, src)
+	before := harness.ReadTree(t, src)
 	ov := t.TempDir()
 
 	t.Setenv("QCOWFS_TEST_KILL_AT", "overlay-prepared")
-	m := mountImages(t, src, "--writable", "--overlay", ov)
+	m := harness.Mount(t, src, "--writable", "--overlay", ov)
 	f, err := os.OpenFile(filepath.Join(m.Dir, "c.raw"), os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -357,10 +297,10 @@ func TestOverlayCrash(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(ov, "c.qcow2")); !os.IsNotExist(err) {
 		t.Fatalf("a crash during overlay creation left an overlay (%v)", err)
 	}
-	sameTree(t, src, before)
+	harness.CompareTrees(t, harness.ReadTree(t, src), before) // the source is untouched
 
 	os.Unsetenv("QCOWFS_TEST_KILL_AT")
-	m = mountImages(t, src, "--writable", "--overlay", ov)
+	m = harness.Mount(t, src, "--writable", "--overlay", ov)
 	f, err = os.OpenFile(filepath.Join(m.Dir, "c.raw"), os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -371,10 +311,10 @@ func TestOverlayCrash(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	m.unmount(t)
-	sameTree(t, src, before)
+	m.Unmount(t)
+	harness.CompareTrees(t, harness.ReadTree(t, src), before) // the source is untouched
 	o := filepath.Join(ov, "c.qcow2")
-	qemuCheckClean(t, o)
+	qemu.CheckClean(t, o)
 	raw, err := os.ReadFile(qemu.ToRaw(t, o, filepath.Join(t.TempDir(), "c.raw")))
 	if err != nil {
 		t.Fatal(err)
@@ -383,12 +323,11 @@ func TestOverlayCrash(t *testing.T) {
 		t.Errorf("the overlay made after the crash reads %q at 4096, %#x at 0", raw[4096:4100], raw[0])
 	}
 	// qcowfs info shows the backing file as qemu-img info does.
-	out, err := qcowfs("info", o)
-	if err != nil {
-		t.Fatalf("qcowfs info %s: %v\n%s", o, err, out)
-	}
-	in := qemuInfo(t, o)
-	for _, want := range []string{"backing file: " + in.BackingFile + "\n", "backing file format: " + in.BackingFormat + "\n"} {
+	r := harness.Run(t, "info", o)
+	harness.WantOK(t, "qcowfs info "+o, r)
+	out := r.Stdout
+	in := qemu.Info(t, o)
+	for _, want := range []string{fmt.Sprintf("backing file: %s\n", in["backing-filename"]), fmt.Sprintf("backing file format: %s\n", in["backing-filename-format"])} {
 		if !strings.Contains(out, want) {
 			t.Errorf("qcowfs info of the overlay lacks %q:\n%s", want, out)
 		}
@@ -403,7 +342,7 @@ func TestOverlayCrash(t *testing.T) {
 // written); the original is unchanged; then qemu-img commit of the
 // overlay, and a read-only mount of the original reads every file back.
 func TestOverlayGuestCommit(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	qemu.Require(t, "sfdisk", "mkfs.ext4", "losetup", "mount")
 	work := t.TempDir()
 	src := qemu.TempDir(t)
@@ -412,35 +351,23 @@ func TestOverlayGuestCommit(t *testing.T) {
 	qemu.Run(t, "mkfs.ext4", "-q", "-F", "-E", "offset=2097152", disk, fmt.Sprint(partSize>>10))
 	img := filepath.Join(src, "vm.qcow2")
 	qemu.Img(t, "convert", "-q", "-f", "raw", "-O", "qcow2", disk, img)
-	before := treeSums(t, src)
+	before := harness.ReadTree(t, src)
 	ov := t.TempDir()
 
-	m := mountImages(t, src, "--writable", "--overlay", ov)
-	dev, detach := attachLoopRW(t, filepath.Join(m.Dir, "vm.raw.parts", "p2"))
-	dir, umount := mountRW(t, dev)
-	sums := writeFiles(t, dir, 60, 7)
+	m := harness.Mount(t, src, "--writable", "--overlay", ov)
+	dev, detach := harness.AttachLoop(t, filepath.Join(m.Dir, "vm.raw.parts", "p2"))
+	dir, umount := harness.MountGuest(t, dev, "")
+	want := writeFiles(t, dir, 60, 7)
 	umount()
 	detach()
-	m.unmount(t)
-	sameTree(t, src, before)
-	qemuCheckClean(t, filepath.Join(ov, "vm.qcow2"))
+	m.Unmount(t)
+	harness.CompareTrees(t, harness.ReadTree(t, src), before) // the source is untouched
+	qemu.CheckClean(t, filepath.Join(ov, "vm.qcow2"))
 
 	qemu.Img(t, "commit", "-q", filepath.Join(ov, "vm.qcow2"))
-	qemuCheckClean(t, img)
-	m = mountImages(t, src)
-	dev = strings.TrimSpace(string(qemu.Run(t, "losetup", "-r", "-f", "--show", filepath.Join(m.Dir, "vm.raw.parts", "p2"))))
-	defer exec.Command("losetup", "-d", dev).Run()
-	ro := t.TempDir()
-	qemu.Run(t, "mount", "-t", "ext4", "-o", "ro,noload", dev, ro)
-	defer exec.Command("umount", ro).Run()
-	for name, want := range sums {
-		b, err := os.ReadFile(filepath.Join(ro, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := sha256.Sum256(b)
-		if hex.EncodeToString(s[:]) != want {
-			t.Errorf("%s after qemu-img commit: sha256 %x, want %s", name, s, want)
-		}
-	}
+	qemu.CheckClean(t, img)
+	m = harness.Mount(t, src)
+	dev, _ = harness.AttachLoop(t, filepath.Join(m.Dir, "vm.raw.parts", "p2"), "-r")
+	ro, _ := harness.MountGuest(t, dev, "ro,noload")
+	harness.CompareTrees(t, harness.ReadTree(t, ro), want) // after qemu-img commit
 }

@@ -1,4 +1,4 @@
-package test
+package write
 
 import (
 	"fmt"
@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -22,12 +23,12 @@ import (
 // value, whole. With the writeback cache off, so that every write and read
 // crosses FUSE.
 func TestSectorsNeverTorn(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := t.TempDir()
 	img := filepath.Join(src, "torn.qcow2")
 	qemu.Create(t, "qcow2", img, "1M", "-o", "cluster_size=512")
 	qemu.IO(t, img, "write -P 0x1 0 1M")
-	m := mountImages(t, src, "--writable", "--no-writeback-cache", racyMount)
+	m := harness.Racy.Mount(t, src, "--writable", "--no-writeback-cache")
 	raw := filepath.Join(m.Dir, "torn.raw")
 	const span = 64 << 10
 	deadline := time.Now().Add(3 * time.Second)
@@ -44,7 +45,7 @@ func TestSectorsNeverTorn(t *testing.T) {
 			return
 		}
 		defer f.Close()
-		buf := alignedBlock(t, span)
+		buf := harness.AlignedBlock(t, span)
 		for n := 0; time.Now().Before(deadline); n++ {
 			if write {
 				v := byte(2 + (n*2+id)%250)

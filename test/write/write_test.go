@@ -1,9 +1,8 @@
-package test
+package write
 
 import (
 	"bytes"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -16,12 +15,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
 // logMount, when set, is the mount whose log applyThrough shows when an
 // operation fails.
-var logMount *mount
+var logMount *harness.Mounted
 
 // applyThrough applies op to the raw file f of a writable mount, the way
 // programs do: pwrite, fallocate (punch, zero range), ftruncate, fsync.
@@ -47,7 +47,7 @@ func applyThrough(t *testing.T, f *os.File, op qemu.Op) {
 	}
 	if err != nil {
 		if logMount != nil {
-			t.Log(logMount.logText(t))
+			t.Log(logMount.LogText(t))
 		}
 		t.Fatalf("%v through the mount: %v", op, err)
 	}
@@ -83,21 +83,6 @@ func fileSHA(t *testing.T, path string) [32]byte {
 	return sha256.Sum256(b)
 }
 
-// qemuCheckClean runs qemu-img check: no errors, no leaks, no corruption.
-func qemuCheckClean(t *testing.T, path string) {
-	t.Helper()
-	out, err := exec.Command("qemu-img", "check", "--output=json", path).Output()
-	var res struct {
-		CheckErrors int `json:"check-errors"`
-		Corruptions int `json:"corruptions"`
-		Leaks       int `json:"leaks"`
-	}
-	if jerr := json.Unmarshal(out, &res); jerr != nil || err != nil || res.CheckErrors+res.Corruptions+res.Leaks != 0 {
-		human, _ := exec.Command("qemu-img", "check", path).CombinedOutput()
-		t.Fatalf("qemu-img check %s: %v %v %+v\n%s", path, err, jerr, res, human)
-	}
-}
-
 // TestWriteThroughMount applies the write matrix's operations through a
 // real writable mount: pwrite, fallocate punch and zero range, ftruncate
 // and fsync on the raw files, several images open at once. After unmount:
@@ -105,7 +90,7 @@ func qemuCheckClean(t *testing.T, path string) {
 // raw model, snapshots and backing files are unchanged, and discarded or
 // zeroed clusters are zero in qemu-img map.
 func TestWriteThroughMount(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	work := t.TempDir()
 	images := qemu.WriteMatrix(t, src)
@@ -139,7 +124,7 @@ func TestWriteThroughMount(t *testing.T) {
 		all = append(all, s)
 	}
 
-	m := mountImages(t, src, "--writable", racyMount)
+	m := harness.Racy.Mount(t, src, "--writable")
 	logMount = m
 	for _, s := range all {
 		p := filepath.Join(m.Dir, s.im.Name+".raw")
@@ -170,23 +155,23 @@ func TestWriteThroughMount(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if i := firstDiff(got, s.model); i >= 0 {
+		if i := harness.FirstDiff(got, s.model); i >= 0 {
 			t.Errorf("%s: the mount reads differently from the model at byte %d", s.im.Name, i)
 		}
 		if err := s.f.Close(); err != nil {
 			t.Errorf("%s: close: %v", s.im.Name, err)
 		}
 	}
-	m.unmount(t)
+	m.Unmount(t)
 
 	for _, s := range all {
 		t.Run(s.im.Name, func(t *testing.T) {
-			qemuCheckClean(t, s.im.Path)
+			qemu.CheckClean(t, s.im.Path)
 			got, err := os.ReadFile(qemu.ToRaw(t, s.im.Path, filepath.Join(work, s.im.Name+".after")))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if i := firstDiff(got, s.model); i >= 0 {
+			if i := harness.FirstDiff(got, s.model); i >= 0 {
 				t.Fatalf("qemu-img convert differs from the model at byte %d", i)
 			}
 			for k, want := range s.keep {
@@ -223,7 +208,7 @@ func TestWriteThroughMount(t *testing.T) {
 // unchanged, O_TRUNC and shrinking are refused, and without --writable
 // nothing is writable.
 func TestWritableMountRules(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	img := filepath.Join(src, "vm.qcow2")
 	qemu.Create(t, "qcow2", img, "8M")
@@ -244,13 +229,13 @@ func TestWritableMountRules(t *testing.T) {
 		before[p] = fileSHA(t, p)
 	}
 
-	ro := mountImages(t, src)
+	ro := harness.Mount(t, src)
 	if _, err := os.OpenFile(filepath.Join(ro.Dir, "vm.raw"), os.O_RDWR, 0); !errors.Is(err, syscall.EROFS) {
 		t.Errorf("a read-only mount opens vm.raw for writing: %v", err)
 	}
-	ro.unmount(t)
+	ro.Unmount(t)
 
-	m := mountImages(t, src, "--writable")
+	m := harness.Mount(t, src, "--writable")
 	for name, want := range map[string]syscall.Errno{
 		"vm@snap.raw": syscall.EROFS, "notes.txt": syscall.EROFS, "base.raw": syscall.EROFS,
 		"dirty.raw": syscall.EROFS, "bitmaps.raw": syscall.EROFS,
@@ -288,20 +273,20 @@ func TestWritableMountRules(t *testing.T) {
 	if _, err := os.OpenFile(filepath.Join(m.Dir, "vm.raw"), os.O_RDWR|os.O_TRUNC, 0); !errors.Is(err, syscall.EPERM) {
 		t.Errorf("open with O_TRUNC: %v, want EPERM", err)
 	}
-	log := m.logText(t)
+	log := m.LogText(t)
 	for _, want := range []string{"base.qcow2", "dirty.qcow2", "bitmaps.qcow2"} {
-		if !strings.Contains(log, "image shown read-only") || countLines(log, "image shown read-only") < 3 || !strings.Contains(log, want) {
+		if !strings.Contains(log, "image shown read-only") || harness.CountLines(log, "image shown read-only") < 3 || !strings.Contains(log, want) {
 			t.Errorf("the log does not say %s is shown read-only:\n%s", want, log)
 		}
 	}
-	m.unmount(t)
+	m.Unmount(t)
 	for p, want := range before {
 		if fileSHA(t, p) != want {
 			t.Errorf("%s changed, though it was shown read-only", p)
 		}
 	}
-	qemuCheckClean(t, img)
-	qemuCheckClean(t, filepath.Join(src, "over.qcow2"))
+	qemu.CheckClean(t, img)
+	qemu.CheckClean(t, filepath.Join(src, "over.qcow2"))
 }
 
 // TestWriteLocks: while a raw file is open for writing, qemu cannot open
@@ -309,11 +294,11 @@ func TestWritableMountRules(t *testing.T) {
 // still can; and while qemu-io has the image open, qcowfs cannot open it
 // for writing (EBUSY), though it can for reading only when qemu shares.
 func TestWriteLocks(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	img := filepath.Join(src, "vm.qcow2")
 	qemu.Create(t, "qcow2", img, "8M")
-	m := mountImages(t, src, "--writable")
+	m := harness.Mount(t, src, "--writable")
 	raw := filepath.Join(m.Dir, "vm.raw")
 	f, err := os.OpenFile(raw, os.O_RDWR, 0)
 	if err != nil {
@@ -336,10 +321,10 @@ func TestWriteLocks(t *testing.T) {
 	f.Close()
 
 	// The other way round.
-	waitFor(t, "the write locks to go with the last close", 5*1e9, func() bool {
+	harness.WaitFor(t, "the write locks to go with the last close", 5*1e9, func() bool {
 		return exec.Command("qemu-img", "info", img).Run() == nil
 	})
-	release := holdOpen(t, img)
+	_, release := qemu.HoldOpen(t, img)
 	// (An image a qemu writes is not shown, and its name answers EBUSY.)
 	if f, err := os.OpenFile(raw, os.O_RDWR, 0); !errors.Is(err, syscall.EBUSY) {
 		if err == nil {
@@ -353,8 +338,8 @@ func TestWriteLocks(t *testing.T) {
 		t.Fatalf("open for writing after qemu let go: %v", err)
 	}
 	f.Close()
-	m.unmount(t)
-	qemuCheckClean(t, img)
+	m.Unmount(t)
+	qemu.CheckClean(t, img)
 }
 
 // TestOverlapRefused: images whose pointers were aimed at their own tables
@@ -368,7 +353,7 @@ func TestWriteLocks(t *testing.T) {
 // the refcount table, as an L2 table (an allocation used to write its L2
 // entry there). The whole matrix is qcow2's TestHostileWriteMatrix.
 func TestOverlapRefused(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	const copied = uint64(1) << 63
 	for _, tc := range []struct {
 		name   string
@@ -411,13 +396,13 @@ func TestOverlapRefused(t *testing.T) {
 			}
 			before := readTable()
 
-			m := mountImages(t, src, "--writable", "--log-level=info")
+			m := harness.Mount(t, src, "--writable", "--log-level=info")
 			raw := filepath.Join(m.Dir, "bad.raw")
 			f, err := os.OpenFile(raw, os.O_RDWR|unix.O_DIRECT, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			buf := alignedBlock(t, 4096)
+			buf := harness.AlignedBlock(t, 4096)
 			for i := range buf {
 				buf[i] = 0x5a
 			}
@@ -433,7 +418,7 @@ func TestOverlapRefused(t *testing.T) {
 				t.Errorf("guest data at 100 MiB after the refusal: %v, %#x", err, got[0])
 			}
 			f.Close()
-			m.unmount(t)
+			m.Unmount(t)
 			info := qemu.Info(t, img)
 			if fs, _ := info["format-specific"].(map[string]any); fs == nil || fs["data"].(map[string]any)["corrupt"] != true {
 				t.Errorf("qemu-img info does not say corrupt: %v", info["format-specific"])
@@ -441,8 +426,8 @@ func TestOverlapRefused(t *testing.T) {
 			if !bytes.Equal(readTable(), before) {
 				t.Error("the table changed")
 			}
-			if !strings.Contains(m.logText(t), "would overwrite the image's metadata") {
-				t.Errorf("no log line about the overlap:\n%s", m.logText(t))
+			if !strings.Contains(m.LogText(t), "would overwrite the image's metadata") {
+				t.Errorf("no log line about the overlap:\n%s", m.LogText(t))
 			}
 		})
 	}
@@ -487,12 +472,12 @@ func directWriters(t *testing.T, file string, n int, fn func(w int, f *os.File, 
 // pages. After unmount, qemu-img check is clean and qemu-img convert equals
 // the model.
 func TestDirectWritersParallel(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	const size = 64 << 20
 	img := filepath.Join(src, "par.qcow2")
 	qemu.Create(t, "qcow2", img, "64M")
-	m := mountImages(t, src, "--writable", racyMount)
+	m := harness.Racy.Mount(t, src, "--writable")
 	logMount = m
 	file := filepath.Join(m.Dir, "par.raw")
 	reader, err := os.Open(file)
@@ -542,23 +527,23 @@ func TestDirectWritersParallel(t *testing.T) {
 	if _, err := reader.ReadAt(got, 0); err != nil {
 		t.Fatal(err)
 	}
-	if i := firstDiff(got, model); i >= 0 {
+	if i := harness.FirstDiff(got, model); i >= 0 {
 		t.Fatalf("a buffered reader reads differently from the model at byte %d (its cached page?)", i)
 	}
-	if i := firstDiff(mapped[:size], model); i >= 0 {
+	if i := harness.FirstDiff(mapped[:size], model); i >= 0 {
 		t.Fatalf("a shared mapping reads differently from the model at byte %d", i)
 	}
 	if err := unix.Munmap(mapped); err != nil {
 		t.Fatal(err)
 	}
 	reader.Close()
-	m.unmount(t)
-	qemuCheckClean(t, img)
+	m.Unmount(t)
+	qemu.CheckClean(t, img)
 	after, err := os.ReadFile(qemu.ToRaw(t, img, filepath.Join(t.TempDir(), "par.raw")))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if i := firstDiff(after, model); i >= 0 {
+	if i := harness.FirstDiff(after, model); i >= 0 {
 		t.Fatalf("qemu-img convert differs from the model at byte %d", i)
 	}
 }
@@ -570,7 +555,7 @@ func TestDirectWritersParallel(t *testing.T) {
 // the mount with truncate(1), then qemu-img check and compare against a
 // model.
 func TestGrowAcrossTableGrowth(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	for _, tc := range []struct {
 		name  string
 		opts  string
@@ -590,7 +575,7 @@ func TestGrowAcrossTableGrowth(t *testing.T) {
 			src := t.TempDir()
 			img := filepath.Join(src, "grow.qcow2")
 			qemu.Create(t, "qcow2", img, "4M", "-o", tc.opts)
-			m := mountImages(t, src, "--writable")
+			m := harness.Mount(t, src, "--writable")
 			raw := filepath.Join(m.Dir, "grow.raw")
 			f, err := os.OpenFile(raw, os.O_RDWR, 0)
 			if err != nil {
@@ -630,7 +615,7 @@ func TestGrowAcrossTableGrowth(t *testing.T) {
 				mf.WriteAt(buf[:512], size-512)
 			}
 			f.Close()
-			m.unmount(t)
+			m.Unmount(t)
 			qemu.Img(t, "check", img)
 			qemu.Img(t, "compare", "-f", "qcow2", "-F", "raw", img, model)
 		})

@@ -1,4 +1,4 @@
-package test
+package write
 
 import (
 	"errors"
@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
@@ -42,7 +43,7 @@ import (
 // image clean, its virtual size unchanged, and qemu-img convert equals the
 // model: every byte written inside the file is there, none past its end.
 func TestWriteAcrossTheEnd(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	qemu.Require(t, "sfdisk", "dd")
 	const (
 		diskSize  = 48 << 20
@@ -92,11 +93,11 @@ func TestWriteAcrossTheEnd(t *testing.T) {
 					cases = append(cases, target{name, img, file})
 				}
 			}
-			args := []string{"--writable", racyMount}
+			args := []string{"--writable"}
 			if mode == "write-through" {
 				args = append(args, "--no-writeback-cache")
 			}
-			m := mountImages(t, src, args...)
+			m := harness.Racy.Mount(t, src, args...)
 			models := map[string][]byte{}
 			for _, c := range cases {
 				t.Run(c.name, func(t *testing.T) {
@@ -203,7 +204,7 @@ func TestWriteAcrossTheEnd(t *testing.T) {
 					}
 					if n, err := r.ReadAt(got, size-int64(len(got))); n != len(got) || err != nil {
 						t.Errorf("read of the last %d bytes: %d, %v", len(got), n, err)
-					} else if i := firstDiff(got, model[start+size-int64(len(got)):start+size]); i >= 0 {
+					} else if i := harness.FirstDiff(got, model[start+size-int64(len(got)):start+size]); i >= 0 {
 						t.Errorf("the file reads differently from the model %d bytes before its end", len(got)-i)
 					}
 					if n, err := r.ReadAt(got, size); n != 0 || err != io.EOF {
@@ -217,14 +218,14 @@ func TestWriteAcrossTheEnd(t *testing.T) {
 					models[c.name] = model
 				})
 			}
-			m.unmount(t)
+			m.Unmount(t)
 			// The images as qemu sees them.
 			for _, c := range cases {
 				model := models[c.name]
 				if model == nil {
 					continue // the case failed early
 				}
-				qemuCheckClean(t, c.image)
+				qemu.CheckClean(t, c.image)
 				if got := int64(qemu.Info(t, c.image)["virtual-size"].(float64)); got != diskSize {
 					t.Errorf("%s: virtual size %d after the write, want %d", c.name, got, diskSize)
 				}
@@ -232,7 +233,7 @@ func TestWriteAcrossTheEnd(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if i := firstDiff(raw, model); i >= 0 {
+				if i := harness.FirstDiff(raw, model); i >= 0 {
 					t.Errorf("%s: qemu-img convert differs from the model at byte %d of the disk", c.name, i)
 				}
 			}
@@ -248,12 +249,12 @@ func TestWriteAcrossTheEnd(t *testing.T) {
 // dirty page lands after one. The buffered writer then writes again over
 // other parts and fsyncs. After unmount qemu-img convert equals the model.
 func TestDirectAfterBuffered(t *testing.T) {
-	requireFUSE(t)
+	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
 	const size = 16 << 20
 	img := filepath.Join(src, "mix.qcow2")
 	qemu.Create(t, "qcow2", img, "16M")
-	m := mountImages(t, src, "--writable", racyMount)
+	m := harness.Racy.Mount(t, src, "--writable")
 	logMount = m
 	file := filepath.Join(m.Dir, "mix.raw")
 	buffered, err := os.OpenFile(file, os.O_RDWR, 0)
@@ -307,17 +308,17 @@ func TestDirectAfterBuffered(t *testing.T) {
 	if _, err := buffered.ReadAt(got, 0); err != nil {
 		t.Fatal(err)
 	}
-	if i := firstDiff(got, model); i >= 0 {
+	if i := harness.FirstDiff(got, model); i >= 0 {
 		t.Fatalf("the mount reads differently from the model at byte %d", i)
 	}
 	buffered.Close()
-	m.unmount(t)
-	qemuCheckClean(t, img)
+	m.Unmount(t)
+	qemu.CheckClean(t, img)
 	after, err := os.ReadFile(qemu.ToRaw(t, img, filepath.Join(t.TempDir(), "mix.raw")))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if i := firstDiff(after, model); i >= 0 {
+	if i := harness.FirstDiff(after, model); i >= 0 {
 		t.Fatalf("qemu-img convert differs from the model at byte %d (%#x, want %#x): a dirty page written back over a direct write?", i, after[i], model[i])
 	}
 }
