@@ -372,6 +372,13 @@ func TestTwoWritableMounts(t *testing.T) {
 		return err == nil
 	})
 
+	// The kernel tells the second mount of that last close after
+	// close returns (FUSE_RELEASE): its locks go then.
+	harness.WaitFor(t, "the second mount to close the image", 5*time.Second, func() bool {
+		st, _ := harness.StatusOf(t, b.Dir)
+		return st.OpenEntry(img) == nil
+	})
+
 	// A qemu-io writing the image is named as such.
 	qemu.IO(t, img, "write -P 0x5a 64k 4k")
 	qpid, release := qemu.HoldOpen(t, img)
