@@ -11,6 +11,7 @@ require (
 	github.com/aws/smithy-go v1.28.9
 	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/klauspost/compress v1.20.4
+	golang.org/x/crypto v0.59.0
 	golang.org/x/sys v0.50.0
 )
 

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -318,22 +319,42 @@ func firstLines(b []byte, n int) string {
 }
 
 // startModel makes template tp in a fresh folder, and its model, and
-// opens the image for a run. (Each run makes its own: a data file is named
-// by an absolute path, so a copy of the folder would share it.)
+// opens the image for a run. (Each run of the regular test makes its own:
+// a data file is named by an absolute path, so a copy of the folder would
+// share it. A fuzzing process makes each other template once and copies
+// it, qemu-img and qemu-io being most of an input's time otherwise.)
 func startModel(t testing.TB, tp modelTemplate, byQemu bool) *modelRun {
 	work := t.TempDir()
 	if d, err := os.MkdirTemp("/dev/shm", "qcowfs-model"); err == nil {
 		work = d
 		t.Cleanup(func() { os.RemoveAll(d) })
 	}
+	if byQemu || tp.name == "datafile" {
+		makeModel(t, tp, work)
+	} else {
+		files, _ := fuzzTemplates.Load(tp.name)
+		if files == nil {
+			made := t.TempDir()
+			makeModel(t, tp, made)
+			m := map[string][]byte{}
+			entries, _ := os.ReadDir(made)
+			for _, e := range entries {
+				b, err := os.ReadFile(filepath.Join(made, e.Name()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				m[e.Name()] = b
+			}
+			files, _ = fuzzTemplates.LoadOrStore(tp.name, m)
+		}
+		for name, b := range files.(map[string][]byte) {
+			if err := os.WriteFile(filepath.Join(work, name), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	p := filepath.Join(work, "image.qcow2")
-	tp.make(t, work, p)
-	raw := filepath.Join(work, "model.raw")
-	qemu.Img(t, "convert", "-O", "raw", p, raw)
-	// The model as a sparse file: zeros are holes, so that qemu-img
-	// compare skips them at any size.
-	qemu.Run(t, "fallocate", "--dig-holes", raw)
-	model, err := os.OpenFile(raw, os.O_RDWR, 0)
+	model, err := os.OpenFile(filepath.Join(work, "model.raw"), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,11 +362,28 @@ func startModel(t testing.TB, tp modelTemplate, byQemu bool) *modelRun {
 	r := &modelRun{t: t, tpl: tp, path: p, model: model, byQemu: byQemu}
 	if strings.HasPrefix(tp.name, "snapshot") {
 		r.snapshot = filepath.Join(work, "s1.raw")
-		qemu.Img(t, "convert", "-l", "snapshot.name=s1", "-O", "raw", p, r.snapshot)
 	}
 	r.cs = clusterSizeOf(t, p)
 	r.open()
 	return r
+}
+
+// fuzzTemplates holds a fuzzing process's templates, made once: their
+// files by name.
+var fuzzTemplates sync.Map
+
+// makeModel makes template tp in work as image.qcow2, with its model
+// (model.raw, sparse: zeros are holes, so that qemu-img compare skips them
+// at any size) and, with a snapshot, the snapshot's content (s1.raw).
+func makeModel(t testing.TB, tp modelTemplate, work string) {
+	p := filepath.Join(work, "image.qcow2")
+	tp.make(t, work, p)
+	raw := filepath.Join(work, "model.raw")
+	qemu.Img(t, "convert", "-O", "raw", p, raw)
+	qemu.Run(t, "fallocate", "--dig-holes", raw)
+	if strings.HasPrefix(tp.name, "snapshot") {
+		qemu.Img(t, "convert", "-l", "snapshot.name=s1", "-O", "raw", p, filepath.Join(work, "s1.raw"))
+	}
 }
 
 func clusterSizeOf(t testing.TB, p string) int64 {
