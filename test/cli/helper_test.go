@@ -262,7 +262,7 @@ func TestREADMESystemdUnit(t *testing.T) {
 			t.Skipf("%s not installed", tool)
 		}
 	}
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile(filepath.Join(harness.Root(t), "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}

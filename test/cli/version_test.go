@@ -18,7 +18,7 @@ import (
 // TestVersion: qcowfs version prints the version, the Go version, the
 // go-fuse version of go.mod and the inflater; --version the first line.
 func TestVersion(t *testing.T) {
-	b, err := os.ReadFile("../go.mod")
+	b, err := os.ReadFile(filepath.Join(harness.Root(t), "go.mod"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func TestVersion(t *testing.T) {
 	}
 	build := func(version string, cgo bool) string {
 		bin := filepath.Join(t.TempDir(), "qcowfs")
-		cmd := exec.Command("go", "build", "-ldflags", "-X main.version="+version, "-o", bin, "../cmd/qcowfs")
+		cmd := exec.Command("go", "build", "-ldflags", "-X main.version="+version, "-o", bin, filepath.Join(harness.Root(t), "cmd/qcowfs"))
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if cgo {
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
@@ -155,7 +155,7 @@ func TestHelp(t *testing.T) {
 // flag of qcowfs mount --help, with the -o option it is, and no row for a
 // flag that does not exist.
 func TestREADMEFlags(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile(filepath.Join(harness.Root(t), "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestManPage(t *testing.T) {
 
 	dest := t.TempDir()
 	make := func(target string) {
-		cmd := exec.Command("make", "-C", "..", target, "DESTDIR="+dest, "PREFIX=/usr/local")
+		cmd := exec.Command("make", "-C", harness.Root(t), target, "DESTDIR="+dest, "PREFIX=/usr/local")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("make %s: %v\n%s", target, err, out)
 		}

@@ -88,3 +88,23 @@ func RequireFUSE(t testing.TB) {
 	}
 	qemu.Require(t, "qemu-img", "qemu-io")
 }
+
+// Root is the folder of the qcowfs module (go.mod, README.md, the
+// Makefile), for the tests of what it holds: the first folder from the
+// test's own up that has a go.mod.
+func Root(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		if filepath.Dir(dir) == dir {
+			t.Fatal("no go.mod above the test's folder")
+		}
+		dir = filepath.Dir(dir)
+	}
+}
