@@ -1,6 +1,7 @@
 package luks
 
 import (
+	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/md5"
@@ -265,4 +266,22 @@ func xts(k1, k2 cipher.Block, s, iv []byte, enc bool) {
 		binary.LittleEndian.PutUint64(t[:8], lo)
 		binary.LittleEndian.PutUint64(t[8:], hi)
 	}
+}
+
+// LegacyAES is the cipher of qemu's old qcow2 encryption (crypt_method 1,
+// "aes"): AES-128 in CBC mode with plain64 IVs, keyed with the first 16
+// bytes of the passphrase (zero-padded; qemu stops at a NUL byte). Its
+// sectors are numbered by guest offset.
+func LegacyAES(passphrase []byte) (*Cipher, error) {
+	key := make([]byte, 16)
+	if i := bytes.IndexByte(passphrase, 0); i >= 0 {
+		passphrase = passphrase[:i]
+	}
+	copy(key, passphrase)
+	h := &Header{CipherName: "aes", CipherMode: "cbc-plain64", HashSpec: "sha256", KeyBytes: 16}
+	s, err := h.spec()
+	if err != nil {
+		return nil, err
+	}
+	return newCipher(s, key)
 }

@@ -107,8 +107,9 @@ var ErrWrongPassphrase = errors.New("wrong passphrase: no key slot opens with it
 // Parse decodes and checks the header at the start of b, a header area of
 // areaLen bytes (key material included). It checks what qemu checks
 // (magic, version, slot states, stripes, key material inside the area and
-// before the payload, slots that do not overlap) and the limits above, and
-// that the cipher specification is one this package implements.
+// before the payload, slots that do not overlap) and the limits above.
+// Whether this package implements the cipher is Unlock's question (and
+// Supported's): a header it cannot open can still be described.
 func Parse(b []byte, areaLen int64) (*Header, error) {
 	if len(b) < headerLen {
 		return nil, &FormatError{"header length", uint64(len(b)), fmt.Sprintf("shorter than a LUKS header (%d bytes)", headerLen)}
@@ -178,10 +179,14 @@ func Parse(b []byte, areaLen int64) (*Header, error) {
 			}
 		}
 	}
-	if _, err := h.spec(); err != nil {
-		return nil, err
-	}
 	return h, nil
+}
+
+// Supported says why this package cannot open the header's volumes (a
+// cipher, mode, IV generator or hash it does not implement), or nil.
+func (h *Header) Supported() error {
+	_, err := h.spec()
+	return err
 }
 
 // materialSectors is the space a slot's key material takes, as qemu and

@@ -188,8 +188,15 @@ func TestHostileHeaders(t *testing.T) {
 		})
 	}
 	b := patch(func(h *Header) { h.CipherName = "serpent" })
-	if _, err := Parse(b, int64(len(b))); err == nil || !strings.Contains(err.Error(), `"serpent"`) {
+	hh, err := Parse(b, int64(len(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hh.Supported(); err == nil || !strings.Contains(err.Error(), `"serpent"`) {
 		t.Fatalf("serpent: %v", err)
+	}
+	if _, err := hh.Unlock(bytes.NewReader(b), []byte("x")); err == nil || !strings.Contains(err.Error(), `"serpent"`) {
+		t.Fatalf("unlocking serpent: %v", err)
 	}
 }
 

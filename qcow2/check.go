@@ -207,6 +207,9 @@ func (c *checker) run() error {
 	}
 	c.inc(int64(h.SnapshotsOffset), l.snapTableSize)
 	c.inc(int64(h.RefcountTableOffset), int64(h.RefcountTableClusters)*cs)
+	if h.CryptMethod == cryptLUKS {
+		c.inc(int64(h.CryptoHeaderOffset), int64(h.CryptoHeaderLength))
+	}
 	if err := c.checkBitmaps(); err != nil {
 		return err
 	}

@@ -200,6 +200,14 @@ func crashWorkloads() []crashWorkload {
 			qemu.Create(t, "qcow2", p, "8M", "-b", "xbase.qcow2", "-F", "qcow2", "-o", "extended_l2=on,cluster_size=65536")
 			return p, []string{"x.qcow2"}, 65536
 		}, ops(7, 24)},
+		{"encrypted", func(t *testing.T, dir string) (string, []string, int64) {
+			// LUKS with AES-256-XTS, 4 KiB clusters: copy-on-write
+			// re-encrypts, sub-sector writes are read-merged.
+			p := filepath.Join(dir, "e.qcow2")
+			qemu.Img(t, "create", "-q", "-f", "qcow2", "--object", "secret,id=s0,data="+crashSecret,
+				"-o", "encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10,cluster_size=4096", p, "8M")
+			return p, []string{"e.qcow2"}, 4096
+		}, ops(9, 24)},
 		{"data-file", func(t *testing.T, dir string) (string, []string, int64) {
 			p := filepath.Join(dir, "df.qcow2")
 			qemu.Create(t, "qcow2", p, "8M", "-o", "data_file="+filepath.Join(dir, "df.data")+",data_file_raw=on")
@@ -210,6 +218,31 @@ func crashWorkloads() []crashWorkload {
 
 func clusterOf(t *testing.T, p string) int64 {
 	return int64(qemu.Info(t, p)["cluster-size"].(float64))
+}
+
+// The encrypted workload's passphrase, for the library and for qemu.
+const crashSecret = "crash test"
+
+func crashPassphrase(string) []byte { return []byte(crashSecret) }
+
+// crashImageArgs are the arguments naming image to qemu-img: the file, or
+// for an encrypted image the secret and --image-opts.
+func crashImageArgs(image string) []string {
+	b := make([]byte, 36)
+	if f, err := os.Open(image); err == nil {
+		f.ReadAt(b, 0)
+		f.Close()
+	}
+	if b[35] == 0 {
+		return []string{image}
+	}
+	return []string{"--object", "secret,id=cs,data=" + crashSecret, "--image-opts", "driver=qcow2,file.filename=" + image + ",encrypt.key-secret=cs"}
+}
+
+// crashRaw converts image to raw at raw with qemu-img, and returns raw.
+func crashRaw(t *testing.T, image, raw string) string {
+	qemu.Img(t, append(append([]string{"convert"}, crashImageArgs(image)...), "-O", "raw", raw)...)
+	return raw
 }
 
 // copyFiles copies the named files from src to dst.
@@ -346,7 +379,7 @@ func runCrashWorkload(t *testing.T, wl crashWorkload, random int) crashResult {
 	dir := crashDir(t)
 	base := t.TempDir()
 	image, written, cs := wl.make(t, dir)
-	initial, err := os.ReadFile(qemu.ToRaw(t, image, filepath.Join(base, "initial.raw")))
+	initial, err := os.ReadFile(crashRaw(t, image, filepath.Join(base, "initial.raw")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,7 +396,7 @@ func runCrashWorkload(t *testing.T, wl crashWorkload, random int) crashResult {
 	if len(written) > 1 {
 		opener.name = written[1]
 	}
-	img, err := qcow2.NewImage(log.wrap(f, written[0]), qcow2.Options{Writable: true, Opener: opener})
+	img, err := qcow2.NewImage(log.wrap(f, written[0]), qcow2.Options{Writable: true, Opener: opener, Passphrase: crashPassphrase})
 	if err != nil || !img.Writable() {
 		t.Fatalf("open: %v %s", err, img.ReadOnlyReason())
 	}
@@ -435,7 +468,7 @@ func runCrashWorkload(t *testing.T, wl crashWorkload, random int) crashResult {
 // checkState runs qemu-img check on a crash state: leaked clusters are
 // allowed; corruption, or a check that cannot run, is not.
 func checkState(t *testing.T, image string) (leaks int, corrupt bool, msg string) {
-	out, err := exec.Command("qemu-img", "check", "--output=json", image).Output()
+	out, err := exec.Command("qemu-img", append([]string{"check", "--output=json"}, crashImageArgs(image)...)...).Output()
 	var res struct {
 		CheckErrors int `json:"check-errors"`
 		Corruptions int `json:"corruptions"`
@@ -446,7 +479,7 @@ func checkState(t *testing.T, image string) (leaks int, corrupt bool, msg string
 		code = ee.ExitCode()
 	}
 	if jerr := json.Unmarshal(out, &res); jerr != nil || (code != 0 && code != 3) || res.Corruptions+res.CheckErrors > 0 {
-		human, _ := exec.Command("qemu-img", "check", image).CombinedOutput()
+		human, _ := exec.Command("qemu-img", append([]string{"check"}, crashImageArgs(image)...)...).CombinedOutput()
 		return 0, true, fmt.Sprintf("exit %d: %s", code, human)
 	}
 	return res.Leaks, false, ""
@@ -460,7 +493,7 @@ func dataCheck(t *testing.T, image string, h *sectorHistory, acked, issued int, 
 		t.Errorf("%s: %v", what, err)
 		return true
 	}
-	img, err := qcow2.NewImage(f, qcow2.Options{Writable: true})
+	img, err := qcow2.NewImage(f, qcow2.Options{Writable: true, Passphrase: crashPassphrase})
 	if err != nil || !img.Writable() {
 		t.Errorf("%s: the image does not open read-write again: %v %s", what, err, img.ReadOnlyReason())
 		return true
@@ -494,7 +527,7 @@ func dataCheck(t *testing.T, image string, h *sectorHistory, acked, issued int, 
 // may fail nothing), and later flushes succeed.
 func TestInjectedErrors(t *testing.T) {
 	qemu.Require(t, "qemu-img", "qemu-io")
-	for _, name := range []string{"alloc-4k", "cow-snapshot", "discard-realloc", "resize-moves-l1", "stream"} {
+	for _, name := range []string{"alloc-4k", "cow-snapshot", "discard-realloc", "resize-moves-l1", "stream", "encrypted"} {
 		var wl crashWorkload
 		for _, w := range crashWorkloads() {
 			if w.name == name {
@@ -505,7 +538,7 @@ func TestInjectedErrors(t *testing.T) {
 			dir := crashDir(t)
 			base := t.TempDir()
 			image, written, cs := wl.make(t, dir)
-			initial, err := os.ReadFile(qemu.ToRaw(t, image, filepath.Join(base, "initial.raw")))
+			initial, err := os.ReadFile(crashRaw(t, image, filepath.Join(base, "initial.raw")))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -522,7 +555,7 @@ func TestInjectedErrors(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				img, err := qcow2.NewImage(log.wrap(f, written[0]), qcow2.Options{Writable: true})
+				img, err := qcow2.NewImage(log.wrap(f, written[0]), qcow2.Options{Writable: true, Passphrase: crashPassphrase})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/qcowfs/qcowfs/luks"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,6 +26,16 @@ type CreateOptions struct {
 	Backing       string // backing file name as stored ("" for none)
 	BackingFormat string // "qcow2", "raw", or "" (not recorded)
 	ExtendedL2    bool
+	// Encrypt, if set, makes a LUKS-encrypted image (crypt_method 2):
+	// its header, with a fresh master key under Passphrase in key slot
+	// 0, in clusters after the L1 table, as qemu-img create lays it out.
+	Encrypt *Encryption
+}
+
+// Encryption is what a new encrypted image is made with.
+type Encryption struct {
+	Passphrase []byte
+	Params     luks.Params
 }
 
 // featureTable is the feature name table qemu writes.
@@ -155,15 +166,26 @@ func encodeImage(o CreateOptions) ([]byte, error) {
 		return nil, fmt.Errorf("size %d needs more L1 entries than qemu allows", o.Size)
 	}
 	l1Clusters := max(1, (l1Entries*8+cs-1)/cs)
+	var area []byte
+	if o.Encrypt != nil {
+		a, _, c, err := luks.Create(o.Encrypt.Params, o.Encrypt.Passphrase)
+		if err != nil {
+			return nil, err
+		}
+		c.Close()
+		area = a
+	}
+	cryptClusters := (int64(len(area)) + cs - 1) / cs
 
 	// The layout: header, refcount table, the first refcount block, the
-	// L1 table, and after it the refcount blocks that counting it needs
-	// (where qemu's allocator puts them); the blocks count every cluster
-	// of it, the table names every block.
+	// L1 table, the LUKS header of an encrypted image, and after them
+	// the refcount blocks that counting them needs (where qemu's
+	// allocator puts them); the blocks count every cluster of it, the
+	// table names every block.
 	perBlock := cs * 8 / 16
 	rt, rb := int64(1), int64(1)
 	for {
-		total := 1 + rt + rb + l1Clusters
+		total := 1 + rt + rb + l1Clusters + cryptClusters
 		needRB := (total + perBlock - 1) / perBlock
 		needRT := (needRB*8 + cs - 1) / cs
 		if needRB == rb && needRT == rt {
@@ -172,18 +194,27 @@ func encodeImage(o CreateOptions) ([]byte, error) {
 		rb, rt = max(rb, needRB), max(rt, needRT)
 	}
 	rtOff, l1Off := cs, (2+rt)*cs
+	cryptOff := l1Off + l1Clusters*cs
 	rbOffs := []int64{(1 + rt) * cs}
 	for i := int64(1); i < rb; i++ {
-		rbOffs = append(rbOffs, (2+rt+l1Clusters+i-1)*cs)
+		rbOffs = append(rbOffs, (2+rt+l1Clusters+cryptClusters+i-1)*cs)
 	}
-	total := 1 + rt + rb + l1Clusters
+	total := 1 + rt + rb + l1Clusters + cryptClusters
 	// qemu's file ends right after the L1 table (the rest of its last
-	// cluster is not written), or after the last refcount block.
+	// cluster is not written), or after the LUKS header or the last
+	// refcount block.
 	end := l1Off + max(8, l1Entries*8)
+	if cryptClusters > 0 {
+		end = cryptOff + int64(len(area))
+	}
 	if rb > 1 {
 		end = rbOffs[rb-1] + cs
 	}
 	buf := make([]byte, end)
+	if cryptClusters > 0 {
+		copy(buf[cryptOff:], area)
+		clear(area)
+	}
 
 	h := buf[:cs]
 	fieldMagic.put(h, Magic)
@@ -209,6 +240,13 @@ func encodeImage(o CreateOptions) ([]byte, error) {
 	}
 	if o.BackingFormat != "" {
 		ext(extBackingFormat, []byte(o.BackingFormat))
+	}
+	if cryptClusters > 0 {
+		fieldCryptMethod.put(h, cryptLUKS)
+		var ch [16]byte
+		binary.BigEndian.PutUint64(ch[:], uint64(cryptOff))
+		binary.BigEndian.PutUint64(ch[8:], uint64(len(area)))
+		ext(extCryptoHeader, ch[:])
 	}
 	if cs >= 8192 {
 		// (qemu leaves the feature name table out of smaller

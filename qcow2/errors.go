@@ -44,6 +44,9 @@ var (
 	ErrReadOnly = errors.New("image is read-only")
 	// ErrNoSpace is returned for writes past the end of the virtual disk.
 	ErrNoSpace = errors.New("write past the end of the disk")
+	// ErrKey is wrapped by the error of an encrypted image that could not
+	// be unlocked: no passphrase, or a wrong one (KeyError).
+	ErrKey = errors.New("cannot unlock the encryption key")
 	// ErrOverlap is wrapped by the error of a write refused because it would
 	// have landed on the image's metadata.
 	ErrOverlap = errors.New("write would overwrite metadata")

@@ -55,7 +55,18 @@ func (r *headerReader) parseExtensions(h *Header) error {
 				DirectoryOffset: binary.BigEndian.Uint64(body[16:]),
 			}
 		case extCryptoHeader:
+			// qemu: "Invalid encryption header extension length",
+			// "Encryption header offset ... is not a multiple of
+			// cluster size".
+			if length != 16 {
+				return r.badAt("crypto header extension length", uint64(length), off+4, "must be 16 bytes")
+			}
 			h.CryptoHeaderFound = true
+			h.CryptoHeaderOffset = binary.BigEndian.Uint64(body)
+			h.CryptoHeaderLength = binary.BigEndian.Uint64(body[8:])
+			if h.CryptoHeaderOffset%uint64(h.ClusterSize()) != 0 {
+				return r.badAt("crypto header offset", h.CryptoHeaderOffset, data, "not a multiple of the cluster size")
+			}
 		case extDataFile:
 			if length == 0 || length > maxBackingNameLen {
 				return r.badAt("data file name length", uint64(length), off+4, "must be between 1 and %d", maxBackingNameLen)

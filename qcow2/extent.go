@@ -80,7 +80,7 @@ func (e *Extent) HostFile() string {
 // zeros), or a host file without a descriptor (a remote object).
 func (e *Extent) Host() (fd uintptr, off int64, ok bool) {
 	if e.layer == nil || e.Status&(StatusData|StatusCompressed) != StatusData ||
-		e.Offset < 0 || e.Offset+e.Length > e.layer.dataSize() {
+		e.Offset < 0 || e.Offset+e.Length > e.layer.dataSize() || e.layer.crypt != nil {
 		return 0, 0, false
 	}
 	f, isFd := e.layer.data().(fdFile)
@@ -144,7 +144,7 @@ func (l *layer) extent(off, n int64, p probe) (Extent, error) {
 		e.Status = StatusData | StatusAllocated
 		// (Host holes are cached, so not asked of a file the writer
 		// changes: its allocated clusters count as data.)
-		if !l.writable && (p == probeAll || p == probeQemu && l.metadataPreallocated()) {
+		if !l.writable && l.crypt == nil && (p == probeAll || p == probeQemu && l.metadataPreallocated()) {
 			l.probeHost(&e)
 		}
 	case kindZero:
@@ -219,6 +219,8 @@ func (e *Extent) read(p []byte) error {
 	switch {
 	case e.Status&StatusCompressed != 0:
 		return e.layer.readCompressed(p, e.Start, e.entry, e.entryOff)
+	case e.Status&StatusData != 0 && e.layer.crypt != nil:
+		return e.layer.readDecrypted(p, e.Offset, e.Start)
 	case e.Status&StatusData != 0:
 		return e.layer.readHost(p, e.Offset)
 	default:

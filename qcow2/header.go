@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/qcowfs/qcowfs/luks"
 )
 
 // Magic is the first four bytes of every qcow2 image: "QFI\xfb".
@@ -89,6 +91,9 @@ type Header struct {
 	Bitmaps           BitmapsExtension
 	FeatureNames      []FeatureName
 	CryptoHeaderFound bool
+	// The full disk encryption header pointer (extension 0x0537be77):
+	// where the LUKS header lies in the image file.
+	CryptoHeaderOffset, CryptoHeaderLength uint64
 }
 
 // BitmapsExtension is the bitmaps header extension (0x23852875).
@@ -346,11 +351,17 @@ func (r *headerReader) parse() (*Header, error) {
 	}
 
 	switch h.CryptMethod {
-	case cryptNone:
-	case cryptAES:
-		return nil, &UnsupportedError{File: r.file, Feature: "encrypted (aes)"}
+	case cryptNone, cryptAES:
 	case cryptLUKS:
-		return nil, &UnsupportedError{File: r.file, Feature: "encrypted (luks)"}
+		if !h.CryptoHeaderFound {
+			return nil, r.bad(fieldCryptMethod, uint64(h.CryptMethod), "LUKS encryption without a crypto header extension")
+		}
+		if h.CryptoHeaderLength > luks.MaxHeaderBytes {
+			return nil, r.bad(fieldCryptMethod, h.CryptoHeaderLength, "the LUKS header is longer than %d bytes", luks.MaxHeaderBytes)
+		}
+		if h.CryptoHeaderOffset > uint64(r.fileSize) || h.CryptoHeaderLength > uint64(r.fileSize)-h.CryptoHeaderOffset {
+			return nil, r.bad(fieldCryptMethod, h.CryptoHeaderOffset, "the LUKS header (%d bytes) runs past the end of the file", h.CryptoHeaderLength)
+		}
 	default:
 		return nil, r.bad(fieldCryptMethod, uint64(h.CryptMethod), "unknown encryption method")
 	}

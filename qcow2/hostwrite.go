@@ -42,6 +42,16 @@ func (w *writer) writeData(b []byte, off int64, pin Pin) error {
 			return err
 		}
 	}
+	if w.l.crypt != nil {
+		// Ciphertext, encrypted for where it lands (encrypt.go); the
+		// write path gives whole sectors (WriteAt rounds out).
+		if off%512 != 0 || len(b)%512 != 0 {
+			return fmt.Errorf("%s: a write of %d bytes at host offset %d is not whole sectors", w.l.name, len(b), off)
+		}
+		bp := w.encrypted(b, off)
+		defer putBuf(bp)
+		b = (*bp)[:len(b)]
+	}
 	if w.writeBehind(b, off, pin) {
 		return nil
 	}

@@ -63,6 +63,13 @@ type Options struct {
 	// private budget of DefaultBudget bytes.
 	Budget *Budget
 
+	// Passphrase returns the passphrase of an encrypted image file (as
+	// its HostFile names it), nil if none is known: then the image does
+	// not open (a KeyError). The slice is the library's: it clears it
+	// once the key is unlocked, and keeps only the master key, which
+	// Close clears.
+	Passphrase func(file string) []byte
+
 	// Warnf, if set, receives warnings that do not stop the image from
 	// opening (a backing file whose format had to be probed, a dirty
 	// image, ...).

@@ -60,6 +60,9 @@ type layer struct {
 
 	// Compressed clusters (compress.go).
 	comp compressedReads
+	// crypt: an encrypted layer's cipher (encrypt.go); nil if the layer
+	// is not encrypted.
+	crypt *layerCrypt
 
 	// The metadata map (metadata.go), built on first use.
 	metaOnce sync.Once
@@ -82,6 +85,9 @@ func (l *layer) close() error {
 	}
 	if ra := l.comp.ra.Load(); ra != nil {
 		ra.Close()
+	}
+	if l.crypt != nil {
+		l.crypt.c.Close()
 	}
 	first := l.file.Close()
 	if l.dataFile != nil {
@@ -127,6 +133,12 @@ func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
 	}
 	l.l2Bits = l.clusterBits - uint(l.l2EntryBits())
 	l.comp.decomp = newDecompressor(h.CompressionType, l.clusterSize())
+	if h.CryptMethod != cryptNone {
+		if err := l.unlock(opts); err != nil {
+			l.budget.close()
+			return nil, err
+		}
+	}
 
 	if depth == 0 {
 		if l.snapshots, l.snapTableSize, err = readSnapshots(&l.meta, h, l.vsize(), l.budget); err != nil {

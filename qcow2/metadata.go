@@ -49,10 +49,11 @@ const (
 	MetaBitmapDirectory
 	MetaBitmapTable
 	MetaBitmapData
+	MetaCryptoHeader
 )
 
 var metaNames = [...]string{"", "header", "L1 table", "L2 table", "refcount table", "refcount block",
-	"snapshot table", "snapshot L1 table", "snapshot L2 table", "bitmap directory", "bitmap table", "bitmap data"}
+	"snapshot table", "snapshot L1 table", "snapshot L2 table", "bitmap directory", "bitmap table", "bitmap data", "crypto header"}
 
 func (k MetaKind) String() string {
 	if int(k) < len(metaNames) {
@@ -382,6 +383,9 @@ func (l *layer) buildMetadata() (*MetadataMap, error) {
 	cs := l.clusterSize()
 	b := metaBuilder{charge: l.budget, clusterBits: l.clusterBits}
 	b.add(0, cs, MetaHeader)
+	if h.CryptMethod == cryptLUKS {
+		b.add(int64(h.CryptoHeaderOffset), int64(h.CryptoHeaderLength), MetaCryptoHeader)
+	}
 
 	addL1 := func(l1 []uint64, kind, l2kind MetaKind, off int64) {
 		b.add(off, int64(len(l1))*8, kind)

@@ -48,13 +48,15 @@ func (img *Image) WriteAt(p []byte, off int64) (int, error) {
 	if err := w.start(); err != nil {
 		return 0, err
 	}
-	done := 0
-	for done < len(p) {
-		n, err := w.writeRun(p[done:], off+int64(done))
-		done += n
-		if err != nil {
-			return done, err
-		}
+	var done int
+	var err error
+	if w.l.crypt != nil {
+		done, err = w.writeSectors(p, off)
+	} else {
+		done, err = w.writeRuns(p, off)
+	}
+	if err != nil {
+		return done, err
 	}
 	if done < want {
 		return done, fmt.Errorf("%s: write of %d bytes at %d: %w (%d bytes)", img.top.name, want, off, ErrNoSpace, size)
@@ -104,6 +106,19 @@ func (w *writer) start() error {
 		return w.updateHeader(func(h []byte) { fieldAutoclearFeatures.put(h, keep) })
 	}
 	return nil
+}
+
+// writeRuns writes p at off, run by run.
+func (w *writer) writeRuns(p []byte, off int64) (int, error) {
+	done := 0
+	for done < len(p) {
+		n, err := w.writeRun(p[done:], off+int64(done))
+		done += n
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
 }
 
 // writeRun writes a prefix of p at off, within one L2 table and at most
@@ -234,7 +249,9 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 					runs = runs[1:]
 				}
 				c := host / cs
-				pl.host, pl.zeroed = host, c >= w.growth.zeroFrom || w.frees.zeroed[c]
+				// (A host range that reads zeros is no zero data in an
+				// encrypted image: nothing is skipped there.)
+				pl.host, pl.zeroed = host, (c >= w.growth.zeroFrom || w.frees.zeroed[c]) && l.crypt == nil
 				delete(w.frees.zeroed, c)
 			}
 		}

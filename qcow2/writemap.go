@@ -137,7 +137,7 @@ func (w *writer) plan(g, idx int64, e l2Entry, a, b int64) (clusterPlan, error) 
 		p.host = g * cs
 		// Past the data file's size at open it reads zeros until
 		// written (grown with truncate, or never reached).
-		p.zeroed = p.host >= w.growth.dataZeroFrom
+		p.zeroed = p.host >= w.growth.dataZeroFrom && l.crypt == nil
 	case owned:
 		h, err := w.dataCluster(e, g)
 		if err != nil {

@@ -53,6 +53,7 @@ type writer struct {
 	hdr     headerSector
 	behind  *behind    // data writes in flight (behind.go)
 	sectors *rangeLock // guest ranges read, and written in place (sectorlock.go)
+	rmw     *rangeLock // encrypted images: sectors being rewritten (encrypt.go)
 
 	headerCleaned bool // unknown autoclear bits cleared (once, at the first write)
 	modified      bool // something was written since the image was opened
@@ -80,8 +81,8 @@ func readOnlyReason(l *layer) string {
 		return "qemu marked it corrupt (repair it with qemu-img check -r all)"
 	case h.IncompatibleFeatures&IncompatDirty != 0:
 		return "it was not closed cleanly and its refcounts may be stale (repair it with qemu-img check -r all)"
-	case h.CryptMethod != cryptNone:
-		return "it is encrypted"
+	case h.CryptMethod == cryptAES:
+		return "it is encrypted with qemu's legacy AES format, which qcowfs only reads (qemu no longer writes it either)"
 	case h.HasBitmaps && h.Bitmaps.NbBitmaps > 0:
 		return "it has persistent dirty bitmaps, which qcowfs does not keep up to date"
 	case h.RefcountTableClusters == 0:
@@ -97,7 +98,7 @@ func readOnlyReason(l *layer) string {
 // opened for writing, df its data file (nil without one).
 func openWriter(img *Image, f, df WritableFile) (*writer, error) {
 	l := img.top
-	w := &writer{img: img, l: l, f: f, df: f, behind: newBehind(), sectors: newRangeLock()}
+	w := &writer{img: img, l: l, f: f, df: f, behind: newBehind(), sectors: newRangeLock(), rmw: newRangeLock()}
 	w.dirty.tables = map[int64]dirtyEntry{}
 	w.holds.cond = sync.NewCond(&w.mu)
 	if df != nil {

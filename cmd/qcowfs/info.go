@@ -78,7 +78,7 @@ func describe(f *imageFlags) (info any, next, nextFormat string, err error) {
 	o, err := f.open(qcow2.Options{Cache: qcow2.NewCache(1<<20, 0), AllowCorrupt: true, NoBacking: true})
 	if err != nil {
 		var ue *qcow2.UnsupportedError
-		if errors.As(err, &ue) {
+		if errors.As(err, &ue) || errors.Is(err, qcow2.ErrKey) {
 			if info, err2 := describeEncrypted(f); err2 == nil {
 				return &info, info.FullBackingFilename, info.BackingFilenameFormat, nil
 			} else if !errors.Is(err2, qcow2.ErrNotEncrypted) {

@@ -125,7 +125,7 @@ func info(t *testing.T, path, format string, chain, json bool) run {
 			var qi qcow2.Info
 			var ue *qcow2.UnsupportedError
 			switch {
-			case errors.As(err, &ue):
+			case errors.As(err, &ue) || errors.Is(err, qcow2.ErrKey):
 				if qi, err = qcow2.DescribeEncrypted(path); err != nil {
 					return failed(err)
 				}

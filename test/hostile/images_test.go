@@ -84,9 +84,9 @@ func TestHostileImages(t *testing.T) {
 
 	// Encryption.
 	qemu.CreateEncrypted(t, filepath.Join(src, "luks.qcow2"), "luks")
-	refuse("luks.qcow2", "encrypted (luks): not supported")
+	refuse("luks.qcow2", "encrypted: no key given")
 	qemu.PatchU(t, mk("aes.qcow2", "1M"), qemu.HeaderCryptMethod, 4, 1)
-	refuse("aes.qcow2", "encrypted (aes): not supported")
+	refuse("aes.qcow2", "encrypted: no key given")
 
 	// The corrupt bit.
 	qemu.PatchU(t, mk("corrupt.qcow2", "1M"), qemu.HeaderIncompatibleFeatures, 8, 2)

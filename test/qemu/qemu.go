@@ -30,15 +30,25 @@ func Require(t testing.TB, tools ...string) {
 }
 
 // Run runs a command and fails the test if it fails; it returns stdout.
+//
+// qemu-img times PBKDF2 on the thread's CPU clock to choose the iteration
+// count of an encrypted image and gives up ("Unable to get accurate CPU
+// usage") when the first timing reads 0 ms, which happens on fast or busy
+// machines: that failure, and only that one, is retried.
 func Run(t testing.TB, name string, args ...string) []byte {
 	t.Helper()
-	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(name, args...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, stderr.String())
+	for try := 1; ; try++ {
+		var stdout, stderr bytes.Buffer
+		cmd := exec.Command(name, args...)
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		if err == nil {
+			return stdout.Bytes()
+		}
+		if try == 10 || !strings.Contains(stderr.String(), "Unable to get accurate CPU usage") {
+			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, stderr.String())
+		}
 	}
-	return stdout.Bytes()
 }
 
 // Img runs qemu-img with args.
@@ -56,24 +66,11 @@ func Create(t testing.TB, format, path, size string, extra ...string) {
 }
 
 // CreateEncrypted makes a 1 MiB qcow2 image encrypted with format "luks"
-// or "aes". qemu-img times PBKDF2 on the thread's CPU clock to choose the
-// iteration count and gives up ("Unable to get accurate CPU usage") when
-// the first timing reads 0 ms, which happens on fast or busy machines: that
-// failure, and only that one, is retried.
+// or "aes", with the passphrase "123456".
 func CreateEncrypted(t testing.TB, path, format string) {
 	t.Helper()
-	Require(t, "qemu-img")
-	args := []string{"create", "-q", "-f", "qcow2", "--object", "secret,id=s0,data=123456",
-		"-o", "encrypt.format=" + format + ",encrypt.key-secret=s0", path, "1M"}
-	for try := 1; ; try++ {
-		out, err := exec.Command("qemu-img", args...).CombinedOutput()
-		if err == nil {
-			return
-		}
-		if try == 10 || !bytes.Contains(out, []byte("Unable to get accurate CPU usage")) {
-			t.Fatalf("qemu-img %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
+	Img(t, "create", "-q", "-f", "qcow2", "--object", "secret,id=s0,data=123456",
+		"-o", "encrypt.format="+format+",encrypt.key-secret=s0", path, "1M")
 }
 
 // IO runs qemu-io commands (each one a "-c" argument) on a qcow2 image.
