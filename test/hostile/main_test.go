@@ -1,3 +1,7 @@
+// Package hostile tests hostile images and sources: fields at their
+// limits, huge tables, corrupt and oversized compressed clusters, stuck
+// disks, swapped folders; the daemon's time, memory and descriptors stay
+// bounded.
 package hostile
 
 import (

@@ -1,3 +1,5 @@
+// Package lock tests how mounts share images with qemu and with each
+// other by qemu's locks.
 package lock
 
 import (

@@ -1,3 +1,5 @@
+// Package remote tests images over HTTP(S) and S3 (nginx, versitygw, a
+// fault proxy) through a mount and through info, map and check.
 package remote
 
 import (
