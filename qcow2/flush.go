@@ -44,6 +44,11 @@ func (w *writer) flushLocked() error {
 		return err
 	}
 	w.st.flushes.Add(1)
+	// 0. The bitmaps' changed data (bitmapwrite.go): allocating clusters
+	// for it changes refcounts, written next.
+	if err := w.storeBitmaps(); err != nil {
+		return err
+	}
 	var l2s, blocks []*cacheEntry
 	for _, d := range w.dirty.tables {
 		if d.kind == MetaRefcountBlock {
@@ -70,8 +75,12 @@ func (w *writer) flushLocked() error {
 			return err
 		}
 	}
-	// 3. L2 tables.
-	if len(l2s) > 0 {
+	// 3. L2 tables, and the bitmap tables' new entries.
+	wrote, err := w.writeBitmapTables()
+	if err != nil {
+		return err
+	}
+	if len(l2s) > 0 || wrote {
 		for _, e := range l2s {
 			if err := w.writeTable(e, MetaL2); err != nil {
 				return w.fail(err)

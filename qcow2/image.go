@@ -216,6 +216,7 @@ func (img *Image) Close() error {
 	var first error
 	if img.w != nil {
 		first = img.w.close()
+		img.w.closeBitmaps()
 	}
 	for l := img.top; l != nil; l = l.backing {
 		if err := l.close(); err != nil && first == nil {

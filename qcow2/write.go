@@ -48,6 +48,7 @@ func (img *Image) WriteAt(p []byte, off int64) (int, error) {
 	if err := w.start(); err != nil {
 		return 0, err
 	}
+	w.mark(off, int64(len(p)))
 	var done int
 	var err error
 	if w.l.crypt != nil {
@@ -102,10 +103,18 @@ func (w *writer) start() error {
 		return nil
 	}
 	auto := w.headerField(fieldAutoclearFeatures)
-	if keep := auto & AutoclearDataFileRaw; keep != auto {
-		return w.updateHeader(func(h []byte) { fieldAutoclearFeatures.put(h, keep) })
+	keep := auto & AutoclearDataFileRaw
+	if w.bitmaps.dir != nil {
+		keep |= auto & AutoclearBitmaps // kept true (bitmapwrite.go)
 	}
-	return nil
+	if keep != auto {
+		if err := w.updateHeader(func(h []byte) { fieldAutoclearFeatures.put(h, keep) }); err != nil {
+			return err
+		}
+	}
+	// The enabled bitmaps are in_use, durably, before any guest data is
+	// written.
+	return w.setInUse(true)
 }
 
 // writeRuns writes p at off, run by run.
@@ -376,6 +385,11 @@ func (img *Image) Resize(size int64) error {
 	need := (size + l1Span - 1) / l1Span
 	if need*8 > maxL1Bytes {
 		return fmt.Errorf("%s: size %d needs an L1 table of %d entries, more than qemu allows", l.name, size, need)
+	}
+	// The bitmaps cover the new size before the header says it (a
+	// disabled bitmap's table must, for qemu to open the image).
+	if err := w.growBitmaps(size); err != nil {
+		return err
 	}
 	t := l.l1.Load()
 	if need <= t.len() {

@@ -45,11 +45,12 @@ type writer struct {
 	df  WritableFile // where data clusters live: the external data file, or f
 
 	mu      sync.Mutex
-	holds   guestHolds // guest ranges of writes that change metadata (write.go)
-	alloc   allocator  // free clusters and refcounts (alloc.go)
-	dirty   dirtySet   // tables changed and not yet written back (dirty.go)
-	frees   freeLists  // references and clusters on their way out (freeing.go)
-	growth  growth     // the files' sizes as the writer made them (hostwrite.go)
+	holds   guestHolds  // guest ranges of writes that change metadata (write.go)
+	bitmaps bitmapState // persistent dirty bitmaps kept true (bitmapwrite.go)
+	alloc   allocator   // free clusters and refcounts (alloc.go)
+	dirty   dirtySet    // tables changed and not yet written back (dirty.go)
+	frees   freeLists   // references and clusters on their way out (freeing.go)
+	growth  growth      // the files' sizes as the writer made them (hostwrite.go)
 	hdr     headerSector
 	behind  *behind    // data writes in flight (behind.go)
 	sectors *rangeLock // guest ranges read, and written in place (sectorlock.go)
@@ -83,13 +84,24 @@ func readOnlyReason(l *layer) string {
 		return "it was not closed cleanly and its refcounts may be stale (repair it with qemu-img check -r all)"
 	case h.CryptMethod == cryptAES:
 		return "it is encrypted with qemu's legacy AES format, which qcowfs only reads (qemu no longer writes it either)"
-	case h.HasBitmaps && h.Bitmaps.NbBitmaps > 0:
-		return "it has persistent dirty bitmaps, which qcowfs does not keep up to date"
+	case h.HasBitmaps && h.Bitmaps.NbBitmaps > 0 && h.AutoclearFeatures&AutoclearBitmaps == 0:
+		return "its persistent dirty bitmaps are marked invalid (autoclear bit 0 clear): a program that did not keep them wrote it"
 	case h.RefcountTableClusters == 0:
 		return "it has no refcount table"
 	}
 	if _, err := l.metadata(); err != nil {
 		return fmt.Sprintf("its metadata cannot be mapped for overlap checks: %v", err)
+	}
+	if l.bitmapsUsed() {
+		dir, err := l.readBitmapDirectory()
+		if err != nil {
+			return fmt.Sprintf("its bitmap directory cannot be read: %v", err)
+		}
+		for _, e := range dir {
+			if e.flags&bitmapInUse != 0 {
+				return fmt.Sprintf("its persistent bitmap %q is in use: a program writing it did not close it cleanly, so it may be inconsistent", e.name)
+			}
+		}
 	}
 	return ""
 }
@@ -121,6 +133,10 @@ func openWriter(img *Image, f, df WritableFile) (*writer, error) {
 	w.growth.fileEnd = l.fsize()
 	w.growth.zeroFrom = (l.fsize() + cs - 1) / cs
 	if err := w.findEnd(); err != nil {
+		return nil, err
+	}
+	if err := w.openBitmaps(); err != nil {
+		w.closeBitmaps()
 		return nil, err
 	}
 	return w, nil
@@ -206,5 +222,9 @@ func (w *writer) close() error {
 		}
 	}
 	w.giveBack()
-	return w.sync()
+	if err := w.sync(); err != nil {
+		return err
+	}
+	// Everything is stored: the bitmaps are consistent again.
+	return w.setInUse(false)
 }

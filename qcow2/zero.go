@@ -39,6 +39,7 @@ func (img *Image) zero(off, n int64, keep bool) error {
 	if err := w.start(); err != nil {
 		return err
 	}
+	w.mark(off, n)
 	l := w.l
 	cs := l.clusterSize()
 	end := off + n

@@ -1,0 +1,93 @@
+package qemu
+
+import (
+	"encoding/json"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// DirtyRanges asks qemu which ranges of the persistent bitmap name of the
+// qcow2 image are dirty, the way backup tools ask: qemu-nbd exports the
+// image read-only with the bitmap (-B), and qemu-img map reads the
+// bitmap's block status through x-dirty-bitmap, where a dirty range is one
+// with "data": false. Adjacent ranges are merged.
+func DirtyRanges(t testing.TB, image, name string) [][2]int64 {
+	t.Helper()
+	Require(t, "qemu-nbd", "qemu-img")
+	sock := filepath.Join(t.TempDir(), "nbd.sock")
+	nbd := exec.Command("qemu-nbd", "-r", "-k", sock, "-B", name, "-f", "qcow2", image)
+	var stderr limitedBuffer
+	nbd.Stderr = &stderr
+	if err := nbd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { nbd.Wait(); close(exited) }()
+	defer func() {
+		nbd.Process.Kill()
+		<-exited
+	}()
+	// qemu-nbd listens once it has opened the image: wait for the socket
+	// to take a connection (or the process to fail).
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("qemu-nbd -B %s %s did not listen: %s", name, image, stderr.String())
+		}
+		select {
+		case <-exited:
+			t.Fatalf("qemu-nbd -B %s %s: %s", name, image, stderr.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	out := Img(t, "map", "--output=json", "--image-opts",
+		"driver=nbd,server.type=unix,server.path="+sock+",x-dirty-bitmap=qemu:dirty-bitmap:"+name)
+	var entries []struct {
+		Start, Length int64
+		Data          bool
+	}
+	if err := json.Unmarshal(out, &entries); err != nil {
+		t.Fatalf("qemu-img map: %v\n%s", err, out)
+	}
+	var dirty [][2]int64
+	for _, e := range entries {
+		if e.Data {
+			continue
+		}
+		if n := len(dirty); n > 0 && dirty[n-1][1] == e.Start {
+			dirty[n-1][1] = e.Start + e.Length
+			continue
+		}
+		dirty = append(dirty, [2]int64{e.Start, e.Start + e.Length})
+	}
+	return dirty
+}
+
+// limitedBuffer keeps the first 4 KiB written to it.
+type limitedBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (l *limitedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if room := 4096 - len(l.b); room > 0 {
+		l.b = append(l.b, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+func (l *limitedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return string(l.b)
+}
