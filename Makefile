@@ -35,14 +35,21 @@ deps-build:
 	@[ "$$CGO_ENABLED" = 0 ] || scripts/deps.sh libdeflate-dev gcc
 
 # Packages with concurrency of their own (remote: parallel range fetches
-# into a shared chunk cache) run under the race detector; of
-# the end-to-end tests in test/, those whose daemons run concurrent
-# requests use a daemon built with -race too, and fail on any race it
-# reports (test/harness_test.go).
+# into a shared chunk cache) run under the race detector; the other
+# packages run as they are. The end-to-end tests (every package under
+# test/) run last, one package at a time: they mount, attach loop devices
+# and time and bound their daemons, which tests of another package running
+# beside them would disturb. With QCOWFS_TEST_RACE=1 each of those
+# packages builds a -race daemon too for the tests whose daemons run
+# concurrent requests (harness.Racy), and fails on any race it reports
+# (test/harness/main.go).
 RACE_PKGS := ./qcow2/ ./fs/ ./readahead/ ./fiemap/ ./remote/
+E2E_PKGS  := ./test/...
+OTHER_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS) $(E2E_PKGS)),$(shell $(GO) list ./...))
 test: deps deps-go lint
 	$(GO) test -race -count=1 -timeout 30m $(RACE_PKGS)
-	PATH="$$PATH:$(GOBIN_DIR)" QCOWFS_TEST_RACE=1 $(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e /qcow2$$ -e /fs$$ -e /readahead$$ -e /fiemap$$ -e /remote$$)
+	PATH="$$PATH:$(GOBIN_DIR)" $(GO) test -count=1 -timeout 30m $(OTHER_PKGS)
+	PATH="$$PATH:$(GOBIN_DIR)" QCOWFS_TEST_RACE=1 $(GO) test -p 1 -count=1 -timeout 30m $(E2E_PKGS)
 
 demo: deps build
 	@scripts/demo.sh $(BIN) $(IMAGES)

@@ -107,11 +107,12 @@ func (img *Image) index() *holeIndex {
 				bits = b
 			}
 		}
-		img.idx = &holeIndex{chunkBits: bits, chunks: map[int64]*chunkRuns{}, tables: map[int64]*tableRuns{}}
-		img.idx.ring.capacity = indexBudget
-		img.idx.tring.capacity = indexBudget
+		x := &holeIndex{chunkBits: bits, chunks: map[int64]*chunkRuns{}, tables: map[int64]*tableRuns{}}
+		x.ring.capacity = indexBudget
+		x.tring.capacity = indexBudget
+		img.idx.Store(x)
 	})
-	return img.idx
+	return img.idx.Load()
 }
 
 // walk is the state of one bounded walk: its context and the work left.
@@ -138,7 +139,7 @@ func (w *walk) spend(n int64) error {
 
 // unsure notes, once per image, that a walk gave a conservative answer.
 func (img *Image) unsure(what string, off int64) {
-	if img.idx.warned.Swap(true) || img.warnf == nil {
+	if img.index().warned.Swap(true) || img.warnf == nil {
 		return
 	}
 	img.warnf("%s: %s at offset %d gave up after its work budget (the image's tables describe more than a bounded walk can answer); answering conservatively: data where unsure. Further cases are not logged", img.top.name, what, off)

@@ -95,7 +95,9 @@ type Image struct {
 	locked atomic.Uint32
 
 	indexOnce sync.Once
-	idx       *holeIndex // see holes.go
+	// idx is made once, on first use (index), and read without that
+	// once by writes that invalidate it (invalidate): atomic.
+	idx       atomic.Pointer[holeIndex] // see holes.go
 	snapshots []Snapshot
 	warnf     func(format string, args ...any) // Options.Warnf
 }

@@ -337,7 +337,7 @@ func (w *writer) unhold(start, end int64) {
 // invalidate drops what the image built from the content of guest range
 // [off, off+n): the hole index chunks it touches.
 func (img *Image) invalidate(off, n int64) {
-	x := img.idx
+	x := img.idx.Load()
 	if x == nil || n <= 0 {
 		return
 	}

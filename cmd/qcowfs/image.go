@@ -3,12 +3,10 @@ package main
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"runtime/debug"
-	"strings"
-	"syscall"
 
+	"github.com/qcowfs/qcowfs/internal/qemuimg"
 	"github.com/qcowfs/qcowfs/qcow2"
 	"github.com/qcowfs/qcowfs/remote"
 )
@@ -128,7 +126,7 @@ func (f *imageFlags) open(opts qcow2.Options) (*openedImage, error) {
 			alone.NoBacking = true
 			if img, err2 := qcow2.Open(f.Image, alone); err2 == nil {
 				img.Close()
-				return nil, &backingError{image: f.Image, err: err}
+				return nil, &qemuimg.BackingError{Image: f.Image, Err: err}
 			}
 		}
 		return nil, err
@@ -168,35 +166,6 @@ func (f *imageFlags) openRemote(opts qcow2.Options) (*openedImage, error) {
 	}
 	return &openedImage{name: remote.Redact(f.Image), img: img, client: c}, nil
 }
-
-// actualSize is the space a file takes on its host, as qemu's actual-size.
-func actualSize(f *os.File) int64 {
-	var st syscall.Stat_t
-	if syscall.Fstat(int(f.Fd()), &st) != nil {
-		return 0
-	}
-	return st.Blocks * 512
-}
-
-// backingError is an image that opens but whose backing chain does not,
-// in qemu-img's words.
-type backingError struct {
-	image string
-	err   error
-}
-
-func (e *backingError) Error() string {
-	msg := e.err.Error()
-	var pe *fs.PathError
-	if errors.As(e.err, &pe) {
-		// As qemu says it: the file, and strerror's capital.
-		reason := pe.Err.Error()
-		msg = "Could not open '" + pe.Path + "': " + strings.ToUpper(reason[:1]) + reason[1:]
-	}
-	return "Could not open '" + e.image + "': Could not open backing file: " + msg
-}
-
-func (e *backingError) Unwrap() error { return e.err }
 
 // oneShotMemory is the soft memory limit of info, map and check: the
 // garbage collector works harder as the heap nears it, so that a hostile

@@ -3,11 +3,9 @@ package main
 import (
 	"errors"
 	"fmt"
-	"io"
-	"math"
 	"os"
-	"time"
 
+	"github.com/qcowfs/qcowfs/internal/qemuimg"
 	"github.com/qcowfs/qcowfs/internal/remotefile"
 	"github.com/qcowfs/qcowfs/qcow2"
 	"github.com/qcowfs/qcowfs/remote"
@@ -28,15 +26,6 @@ func (c *infoCmd) Help() string {
 Like qemu-img info, it does not open the backing chain (unless
 --backing-chain), describes encrypted images (which mount refuses) and
 corrupt ones, and describes any other file as a raw image.`
-}
-
-// rawInfo is what qemu-img info says of a raw file.
-type rawInfo struct {
-	VirtualSize int64  `json:"virtual-size"`
-	Filename    string `json:"filename"`
-	Format      string `json:"format"`
-	ActualSize  int64  `json:"actual-size"`
-	DirtyFlag   bool   `json:"dirty-flag"`
 }
 
 func (c *infoCmd) Run() error {
@@ -65,15 +54,15 @@ func (c *infoCmd) Run() error {
 	}
 	if c.Output == "json" {
 		if c.BackingChain {
-			return printQemuJSON(os.Stdout, infos)
+			return qemuimg.WriteJSON(os.Stdout, infos)
 		}
-		return printQemuJSON(os.Stdout, infos[0])
+		return qemuimg.WriteJSON(os.Stdout, infos[0])
 	}
 	for i, info := range infos {
 		if i > 0 {
 			fmt.Println()
 		}
-		if err := printInfo(os.Stdout, info); err != nil {
+		if err := qemuimg.WriteInfo(os.Stdout, info); err != nil {
 			return err
 		}
 	}
@@ -100,7 +89,7 @@ func describe(f *imageFlags) (info any, next, nextFormat string, err error) {
 	}
 	defer o.Close()
 	if o.raw != nil {
-		return &rawInfo{VirtualSize: rawVirtualSize(o.size), Filename: o.name, Format: "raw", ActualSize: actualSize(o.raw)}, "", "", nil
+		return qemuimg.DescribeRaw(o.name, o.raw, o.size), "", "", nil
 	}
 	qi := o.img.Info()
 	next = qi.FullBackingFilename
@@ -128,77 +117,4 @@ func describeEncrypted(f *imageFlags) (qcow2.Info, error) {
 		return qcow2.Info{}, withHint(err)
 	}
 	return qcow2.DescribeEncrypted(f.Image)
-}
-
-// printInfo prints info the way `qemu-img info` does.
-func printInfo(w io.Writer, v any) error {
-	if r, ok := v.(*rawInfo); ok {
-		fmt.Fprintf(w, "image: %s\n", r.Filename)
-		fmt.Fprintf(w, "file format: %s\n", r.Format)
-		fmt.Fprintf(w, "virtual size: %s (%d bytes)\n", sizeString(r.VirtualSize), r.VirtualSize)
-		fmt.Fprintf(w, "disk size: %s\n", sizeString(r.ActualSize))
-		return nil
-	}
-	info := v.(*qcow2.Info)
-	fmt.Fprintf(w, "image: %s\n", info.Filename)
-	fmt.Fprintf(w, "file format: %s\n", info.Format)
-	fmt.Fprintf(w, "virtual size: %s (%d bytes)\n", sizeString(info.VirtualSize), info.VirtualSize)
-	if info.ActualSize != nil {
-		fmt.Fprintf(w, "disk size: %s\n", sizeString(*info.ActualSize))
-	} else {
-		fmt.Fprintln(w, "disk size: unavailable")
-	}
-	if info.Encrypted {
-		fmt.Fprintln(w, "encrypted: yes")
-	}
-	fmt.Fprintf(w, "cluster_size: %d\n", info.ClusterSize)
-	if info.DirtyFlag {
-		fmt.Fprintln(w, "cleanly shut down: no")
-	}
-	if info.BackingFilename != "" {
-		fmt.Fprintf(w, "backing file: %s", info.BackingFilename)
-		if info.FullBackingFilename != info.BackingFilename {
-			fmt.Fprintf(w, " (actual path: %s)", info.FullBackingFilename)
-		}
-		fmt.Fprintln(w)
-		if info.BackingFilenameFormat != "" {
-			fmt.Fprintf(w, "backing file format: %s\n", info.BackingFilenameFormat)
-		}
-	}
-	if len(info.Snapshots) > 0 {
-		fmt.Fprintln(w, "Snapshot list:")
-		fmt.Fprintf(w, "%-10s%-17s%8s%20s%13s%11s\n", "ID", "TAG", "VM SIZE", "DATE", "VM CLOCK", "ICOUNT")
-		for _, s := range info.Snapshots {
-			date := time.Unix(int64(s.DateSec), 0).Format("2006-01-02 15:04:05")
-			clock := fmt.Sprintf("%02d:%02d:%02d.%03d", s.VMClockSec/3600, s.VMClockSec/60%60, s.VMClockSec%60, s.VMClockNsec/1e6)
-			icount := ""
-			if s.Icount != nil {
-				icount = fmt.Sprint(*s.Icount)
-			}
-			fmt.Fprintf(w, "%-10s%-17s%8s%20s%13s%11s\n", s.ID, s.Name, sizeString(int64(s.VMStateSize)), date, clock, icount)
-		}
-	}
-	// The format specific part is qemu's QDict, dumped key by key.
-	data, err := toQobject(info.FormatSpecific.Data)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(w, "Format specific information:")
-	data.dump(w, 1)
-	return nil
-}
-
-// sizeString formats a byte count like qemu's size_to_str: three
-// significant digits and a binary unit, switching unit at 1000.
-func sizeString(v int64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
-	if v <= 0 {
-		return "0 B"
-	}
-	_, e := math.Frexp(float64(v) / (1000.0 / 1024.0))
-	i := (e - 1) / 10
-	if i >= len(units) {
-		i = len(units) - 1
-	}
-	return fmt.Sprintf("%.3g %s", float64(v)/float64(uint64(1)<<(10*i)), units[i])
 }

@@ -4,8 +4,16 @@
 //	qcowfs mount images/ /mnt
 //
 // makes every qcow2 image under images/ appear under /mnt as a read-only
-// raw file of the image's virtual size. This package only parses the
-// command line and wires packages qcow2 and fs together.
+// raw file of the image's virtual size.
+//
+// This package parses the command line (kong) and wires the packages
+// together: fs and qcow2 for mount (serve.go, in steps: log setup, mount,
+// serve, shutdown), remote for URLs, internal/qemuimg for what info, map
+// and check print. Its own concerns are those of a command: mount's checks
+// before anything is mounted (mount.go), daemonizing (daemon.go), the
+// mount-helper convention (fusehelper.go, options.go), where the log goes
+// (logging.go), and the control socket that qcowfs status asks
+// (control.go, status.go).
 package main
 
 import (

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log"
+	"log/slog"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -20,37 +21,95 @@ import (
 )
 
 // serve mounts and serves until unmounted. ready, if not nil, is the pipe
-// to the waiting parent (see daemon.go).
+// to the waiting parent (see daemon.go). Its steps, each a method of a
+// session: the log (setupLog), the tree and its FUSE mount (mount),
+// serving until the mount goes (serve), and the shutdown.
 func (c *mountCmd) serve(ready *os.File) (err error) {
-	say := func(format string, args ...any) {
-		if ready != nil {
-			fmt.Fprintf(ready, readySay+format+"\n", args...)
-		}
-	}
+	s := &session{cmd: c, ready: ready, started: time.Now()}
 	defer func() {
+		s.release()
 		if err != nil {
 			err = reportFailure(ready, err)
 		}
 	}()
-	started := time.Now()
+	if err := s.setupLog(); err != nil {
+		return err
+	}
+	if err := s.mount(); err != nil {
+		return err
+	}
+	s.serve()
+	s.shutdown()
+	return nil
+}
 
-	dest, err := c.logDestination(ready != nil)
+// A session is one mount from its log's opening to its unmount: what
+// serve's steps hand on to the next.
+type session struct {
+	cmd     *mountCmd
+	ready   *os.File // the pipe to the waiting parent; nil in the foreground
+	started time.Time
+
+	dest *logDest // setupLog
+	log  *slog.Logger
+
+	cfg       fs.Config // mount
+	root      *fs.Root
+	server    *fuse.Server
+	sigs, hup chan os.Signal
+
+	stopControl func() // serve; nil without a control socket
+
+	// undo is what serve releases when it returns, last first: the
+	// remote client, the memory limit, the signal handlers, the CPU
+	// profile.
+	undo []func()
+}
+
+// say tells the waiting parent a line for the user's stderr.
+func (s *session) say(format string, args ...any) {
+	if s.ready != nil {
+		fmt.Fprintf(s.ready, readySay+format+"\n", args...)
+	}
+}
+
+// atEnd has f run when serve returns.
+func (s *session) atEnd(f func()) { s.undo = append(s.undo, f) }
+
+func (s *session) release() {
+	for i := len(s.undo) - 1; i >= 0; i-- {
+		s.undo[i]()
+	}
+}
+
+// setupLog opens the log (logDestination) and its logger. A daemon then
+// leaves the caller's working folder, so as not to keep it busy: every
+// path is absolute by now (resolvePaths).
+func (s *session) setupLog() error {
+	dest, err := s.cmd.logDestination(s.ready != nil)
 	if err != nil {
 		return err
 	}
-	logger, err := c.newLogger(dest.out)
+	logger, err := s.cmd.newLogger(dest.out)
 	if err != nil {
 		return err
 	}
-	if ready != nil {
-		// Do not keep the caller's working folder busy. Every path
-		// is absolute by now (resolvePaths).
+	s.dest, s.log = dest, logger
+	if s.ready != nil {
 		os.Chdir("/")
 	}
+	return nil
+}
+
+// newRoot makes the tree's configuration from the flags, with what it
+// needs until the end (the remote client, the memory limit), and its root
+// node.
+func (s *session) newRoot() error {
+	c := s.cmd
 	cfg := fs.Config{
 		Source:       c.Source,
 		Image:        c.imageOptions(),
-		Log:          logger,
+		Log:          s.log,
 		ForceShare:   c.ForceShare,
 		NoPartitions: c.NoPartitions,
 		Writable:     c.Writable,
@@ -59,19 +118,18 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 		TestHook:     testHook(),
 	}
 	if remote.IsURL(c.Source) {
-		client, err := c.client(logger)
+		client, err := c.client(s.log)
 		if err != nil {
 			return err
 		}
-		defer client.Close()
+		s.atEnd(func() { client.Close() })
 		cfg.Remote, cfg.RemoteRefresh = client, c.RemoteRefresh
 		_, cfg.AllowBackingURLs = splitAllowed(c.AllowBackingOutside)
 	}
 	cfg.Image.Cache = qcow2.NewCache(int64(c.L2CacheSize), int64(c.CacheSize))
 	cfg.Image.Budget = qcow2.NewBudget(int64(c.MetadataMemory))
 	if os.Getenv("GOMEMLIMIT") == "" {
-		stop := c.limitMemory(cfg.Image.Budget, cfg.Remote != nil)
-		defer stop()
+		s.atEnd(c.limitMemory(cfg.Image.Budget, cfg.Remote != nil))
 	}
 	if c.ReadPath == "copy" {
 		cfg.ReadPath = fs.ReadCopy
@@ -81,10 +139,22 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	if err != nil {
 		return err
 	}
-	opts := fs.Options(cfg)
+	s.cfg, s.root = cfg, root
+	return nil
+}
+
+// mount makes the root node and mounts it, with the signals caught first
+// and the CPU profile started; it logs the mount, and warns of other
+// writable mounts of the same source.
+func (s *session) mount() error {
+	if err := s.newRoot(); err != nil {
+		return err
+	}
+	c := s.cmd
+	opts := fs.Options(s.cfg)
 	opts.AllowOther = c.AllowOther
 	opts.Debug = c.Debug
-	opts.Logger = log.New(dest.out, "", log.LstdFlags)
+	opts.Logger = log.New(s.dest.out, "", log.LstdFlags)
 	opts.MountOptions.Logger = opts.Logger
 	opts.FsName = shownSource(c.Source)
 	if c.FSName != "" {
@@ -92,13 +162,13 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	}
 	// Catch signals before mounting: one arriving between the mount and
 	// signal.Notify would kill the process and leave a dead mount behind.
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
+	s.sigs = make(chan os.Signal, 1)
+	signal.Notify(s.sigs, syscall.SIGINT, syscall.SIGTERM)
+	s.hup = make(chan os.Signal, 1)
+	signal.Notify(s.hup, syscall.SIGHUP)
 	signal.Ignore(syscall.SIGPIPE)
-	defer signal.Stop(sigs)
-	defer signal.Stop(hup)
+	s.atEnd(func() { signal.Stop(s.sigs) })
+	s.atEnd(func() { signal.Stop(s.hup) })
 	if c.CPUProfile != "" {
 		f, err := os.Create(c.CPUProfile)
 		if err != nil {
@@ -107,58 +177,68 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 		if err := pprof.StartCPUProfile(f); err != nil {
 			return fmt.Errorf("cpu profile: %w", err)
 		}
-		defer func() {
+		s.atEnd(func() {
 			pprof.StopCPUProfile()
 			f.Close()
-		}()
+		})
 	}
 	// Before this mount is made, so that it does not find itself.
 	shared := c.sharedWriters()
-	server, err := c.mount(root, opts)
+	server, err := c.mountFUSE(s.root, opts)
 	if err != nil {
 		return err
 	}
-	root.KernelFlags(server.KernelSettings().Flags64())
+	s.server = server
+	s.root.KernelFlags(server.KernelSettings().Flags64())
 	if os.Geteuid() == 0 && c.ReadAhead > 0 {
 		if err := fs.SetReadAhead(c.Mountpoint, int(c.ReadAhead>>10)); err != nil {
-			logger.Warn("cannot raise the kernel readahead; sequential reads will be slower", "err", err)
+			s.log.Warn("cannot raise the kernel readahead; sequential reads will be slower", "err", err)
 		}
 	}
-	logger.Info("mounted", "source", shownSource(c.Source), "mountpoint", c.Mountpoint, "pid", os.Getpid(), "log", dest.where)
+	s.log.Info("mounted", "source", shownSource(c.Source), "mountpoint", c.Mountpoint, "pid", os.Getpid(), "log", s.dest.where)
 	for _, line := range shared {
-		logger.Warn(line)
-		say("warning: %s", line)
+		s.log.Warn(line)
+		s.say("warning: %s", line)
 	}
+	return nil
+}
 
+// serve tells the user which images are not shown, answers on the control
+// socket, tells the waiting parent that the mount is live, and serves
+// until the mount goes: unmounted, or on SIGINT or SIGTERM, which unmount
+// it (lazily if busy). SIGHUP reopens the log file.
+func (s *session) serve() {
+	c := s.cmd
 	// The images the first scan refused, and the tree's counters.
-	var refused refusalLister = root
+	var refused refusalLister = s.root
 	var stats func() any
-	if ss, ok := any(root).(statsSource); ok {
+	if ss, ok := any(s.root).(statsSource); ok {
 		stats = ss.Stats
 	}
 	// The tree logs each refusal itself; these lines are for the user.
 	for _, line := range refusalLines(refused, c.refusalHint) {
-		say("%s", line)
+		s.say("%s", line)
 	}
-	facts := mountFacts{Source: shownSource(c.Source), Mountpoint: c.Mountpoint, PID: os.Getpid(), Started: started, Log: dest.where,
+	facts := mountFacts{Source: shownSource(c.Source), Mountpoint: c.Mountpoint, PID: os.Getpid(), Started: s.started, Log: s.dest.where,
 		Writable: c.Writable, Overlay: c.Overlay, Hint: c.refusalHint}
 	if c.Writable {
 		facts.CacheMode = "writethrough"
-		if cfg.WritebackCache {
+		if s.cfg.WritebackCache {
 			facts.CacheMode = "writeback"
 		}
 	}
-	stopControl, err := startControl(c.Mountpoint, func() any { return facts.status(refused, stats) }, logger)
+	stopControl, err := startControl(c.Mountpoint, func() any { return facts.status(refused, stats) }, s.log)
 	if err != nil {
-		logger.Warn("no control socket; qcowfs status will not answer", "err", err)
+		s.log.Warn("no control socket; qcowfs status will not answer", "err", err)
 	}
-	if dest.fallback {
-		say("no syslog (/dev/log): the log is in %s", dest.where)
+	s.stopControl = stopControl
+	if s.dest.fallback {
+		s.say("no syslog (/dev/log): the log is in %s", s.dest.where)
 	}
-	if ready != nil {
-		fmt.Fprintln(ready, readyOK)
-		ready.Close()
-		if dest.file == nil {
+	if s.ready != nil {
+		fmt.Fprintln(s.ready, readyOK)
+		s.ready.Close()
+		if s.dest.file == nil {
 			// Nothing should write to fd 2 any more; a Go panic
 			// would, and the log file, when there is one,
 			// took it over.
@@ -170,45 +250,48 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	}
 
 	go func() {
-		for range hup {
-			if dest.file == nil {
+		for range s.hup {
+			if s.dest.file == nil {
 				continue
 			}
-			if err := dest.file.Reopen(); err != nil {
-				logger.Error("reopening the log file", "err", err)
+			if err := s.dest.file.Reopen(); err != nil {
+				s.log.Error("reopening the log file", "err", err)
 			} else {
-				logger.Info("log file reopened", "path", dest.where)
+				s.log.Info("log file reopened", "path", s.dest.where)
 			}
 		}
 	}()
 	go func() {
-		for s := range sigs {
-			logger.Info("unmounting", "signal", s.String())
-			if err := server.Unmount(); err != nil {
+		for sig := range s.sigs {
+			s.log.Info("unmounting", "signal", sig.String())
+			if err := s.server.Unmount(); err != nil {
 				// Busy: detach now; the kernel ends the session
 				// when the last user lets go, and Wait returns.
-				logger.Warn("mount busy; detaching it lazily", "err", err)
+				s.log.Warn("mount busy; detaching it lazily", "err", err)
 				if err := unmount(c.Mountpoint, true); err != nil {
-					logger.Error("lazy unmount failed", "err", err)
+					s.log.Error("lazy unmount failed", "err", err)
 				}
 			}
 		}
 	}()
-	server.Wait()
-	// Whatever is still open (a lazy unmount, a daemon told to stop) is
-	// written back and closed.
-	root.Close()
-	if stopControl != nil {
-		stopControl()
-	}
-	logger.Info("unmounted", "mountpoint", c.Mountpoint)
-	return nil
+	s.server.Wait()
 }
 
-// mount makes the FUSE mount. As non-root, go-fuse runs fusermount3,
+// shutdown writes back and closes whatever is still open (after a lazy
+// unmount, or a daemon told to stop), and stops answering on the control
+// socket.
+func (s *session) shutdown() {
+	s.root.Close()
+	if s.stopControl != nil {
+		s.stopControl()
+	}
+	s.log.Info("unmounted", "mountpoint", s.cmd.Mountpoint)
+}
+
+// mountFUSE makes the FUSE mount. As non-root, go-fuse runs fusermount3,
 // which says why it failed on its stderr; that text becomes the error, in
 // the foreground as in the daemon (whose stderr is /dev/null).
-func (c *mountCmd) mount(root *fs.Root, opts *gofs.Options) (*fuse.Server, error) {
+func (c *mountCmd) mountFUSE(root *fs.Root, opts *gofs.Options) (*fuse.Server, error) {
 	var restore func() string
 	if os.Geteuid() != 0 {
 		restore, _ = captureStderr()

@@ -9,6 +9,8 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -126,4 +128,51 @@ func Map(t testing.TB, image string) []MapEntry {
 		t.Fatalf("qemu-img map %s: %v", image, err)
 	}
 	return m
+}
+
+// DataRuns are where qemu-img map says image (a file or a URL) does not
+// read as zeros: its extents not "zero", adjacent ones merged, [start,
+// end) each.
+func DataRuns(t testing.TB, image string) [][2]int64 {
+	t.Helper()
+	var runs [][2]int64
+	for _, e := range Map(t, image) {
+		if e.Zero {
+			continue
+		}
+		if n := len(runs); n > 0 && runs[n-1][1] == e.Start {
+			runs[n-1][1] += e.Length
+			continue
+		}
+		runs = append(runs, [2]int64{e.Start, e.Start + e.Length})
+	}
+	return runs
+}
+
+// CheckClean runs qemu-img check on image and fails the test unless it
+// finds no errors, no leaks and no corruption.
+func CheckClean(t testing.TB, image string) {
+	t.Helper()
+	out, err := exec.Command("qemu-img", "check", "--output=json", image).Output()
+	var res struct {
+		CheckErrors int `json:"check-errors"`
+		Corruptions int `json:"corruptions"`
+		Leaks       int `json:"leaks"`
+	}
+	if jerr := json.Unmarshal(out, &res); jerr != nil || err != nil || res.CheckErrors+res.Corruptions+res.Leaks != 0 {
+		human, _ := exec.Command("qemu-img", "check", image).CombinedOutput()
+		t.Fatalf("qemu-img check %s: %v %v %+v\n%s", image, err, jerr, res, human)
+	}
+}
+
+// Major is the installed qemu-img's major version (qemu 8.0 changed what
+// info and map print).
+func Major(t testing.TB) int {
+	t.Helper()
+	m := regexp.MustCompile(`version (\d+)\.`).FindSubmatch(Img(t, "--version"))
+	if m == nil {
+		t.Fatal("qemu-img --version names no version")
+	}
+	n, _ := strconv.Atoi(string(m[1]))
+	return n
 }

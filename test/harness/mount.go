@@ -1,0 +1,250 @@
+package harness
+
+// Mounts made by the tests, their daemons and logs, and the mount table.
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/qcowfs/qcowfs/internal/mountinfo"
+)
+
+// A Mounted is a live qcowfs mount made by a test.
+type Mounted struct {
+	Dir  string // the mount point
+	Log  string // the daemon's log file
+	Said string // what qcowfs mount printed (refused images, warnings)
+}
+
+// A Daemon says how the daemon of a mount is started, beyond its flags.
+type Daemon struct {
+	// Racy: the race-detecting build, when there is one
+	// (QCOWFS_TEST_RACE=1), for tests whose requests run concurrently
+	// in the daemon. Main fails the run if it reports a race.
+	Racy bool
+	Env  []string // added to its environment (S3 keys)
+	Wrap []string // a command that runs it (prlimit --nofile=...)
+}
+
+// Racy starts the race-detecting build when there is one.
+var Racy = Daemon{Racy: true}
+
+// mountTimeout bounds qcowfs mount, which returns once the first scan of
+// the source is done, and qcowfs unmount, which returns once the daemon
+// has written back and exited: either may take long, but not forever.
+const mountTimeout = 5 * time.Minute
+
+// Mount mounts src with `qcowfs mount` (as a daemon, the way users run
+// it), with a debug log, and unmounts it when the test ends, even if it
+// fails. A failed mount fails the test.
+func Mount(t testing.TB, src string, args ...string) *Mounted {
+	t.Helper()
+	return Daemon{}.Mount(t, src, args...)
+}
+
+// Mount is Mount by the daemon d.
+func (d Daemon) Mount(t testing.TB, src string, args ...string) *Mounted {
+	t.Helper()
+	m, out, err := d.TryMount(t, src, args...)
+	if err != nil {
+		t.Fatalf("qcowfs mount %s: %v\n%s", src, err, out)
+	}
+	return m
+}
+
+// TryMount is Mount returning the failure, with what qcowfs mount printed,
+// instead of failing the test.
+func (d Daemon) TryMount(t testing.TB, src string, args ...string) (*Mounted, string, error) {
+	t.Helper()
+	RequireFUSE(t)
+	m := &Mounted{Dir: t.TempDir(), Log: filepath.Join(t.TempDir(), "qcowfs.log")}
+	all := append(append([]string{"mount", "--log-file", m.Log, "--log-level", "debug"}, args...), src, m.Dir)
+	qcowfs, env := bin, d.Env
+	if d.Racy && raceBin != "" {
+		qcowfs = raceBin
+		env = append(env, "GORACE=log_path="+filepath.Join(raceDir, "report")+" halt_on_error=0")
+	}
+	cmd := exec.Command(qcowfs, all...)
+	if len(d.Wrap) > 0 {
+		cmd = exec.Command(d.Wrap[0], append(append(d.Wrap[1:], qcowfs), all...)...)
+	}
+	cmd.Env = append(os.Environ(), env...)
+	r := RunCmdTimeout(t, cmd, mountTimeout)
+	out := r.Stdout + r.Stderr
+	if r.Code != 0 {
+		if IsMounted(m.Dir) {
+			t.Errorf("qcowfs mount failed (%d) but left %s mounted", r.Code, m.Dir)
+			m.Unmount(t)
+		}
+		return nil, out, errors.New("exit status " + strconv.Itoa(r.Code))
+	}
+	m.Said = out
+	t.Cleanup(func() { m.Unmount(t) })
+	return m, out, nil
+}
+
+// Unmount unmounts, detaching lazily if something still holds the mount
+// so that a failing test cannot leave it behind.
+func (m *Mounted) Unmount(t testing.TB) {
+	if !IsMounted(m.Dir) {
+		return
+	}
+	if r := RunCmdTimeout(t, exec.Command(bin, "unmount", m.Dir), mountTimeout); r.Code != 0 {
+		t.Logf("qcowfs unmount %s: exit status %d %s; detaching", m.Dir, r.Code, r.Stderr)
+		exec.Command("umount", "-l", m.Dir).Run()
+	}
+}
+
+// LogText returns the daemon's log so far.
+func (m *Mounted) LogText(t testing.TB) string {
+	b, err := os.ReadFile(m.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+var pidRE = regexp.MustCompile(`msg=mounted .* pid=(\d+)`)
+
+// PID is the process ID of the mount's daemon, from its log.
+func (m *Mounted) PID(t testing.TB) int {
+	t.Helper()
+	sub := pidRE.FindStringSubmatch(m.LogText(t))
+	if sub == nil {
+		t.Fatalf("no pid in the log of %s", m.Dir)
+	}
+	pid, _ := strconv.Atoi(sub[1])
+	return pid
+}
+
+// NoPanics fails the test if the daemon's log shows a recovered panic or
+// a Go runtime crash.
+func (m *Mounted) NoPanics(t testing.TB) {
+	t.Helper()
+	log := m.LogText(t)
+	for _, w := range []string{"panic", "goroutine ", "fatal error"} {
+		if strings.Contains(log, w) {
+			t.Errorf("the daemon's log shows %q:\n%s", w, log)
+			return
+		}
+	}
+}
+
+// IsMounted reports whether something is mounted on dir.
+func IsMounted(dir string) bool {
+	m, err := mountinfo.At(dir)
+	return err == nil && m != nil
+}
+
+// Mounts reads /proc/self/mountinfo.
+func Mounts(t testing.TB) []mountinfo.Mount {
+	t.Helper()
+	ms, err := mountinfo.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ms
+}
+
+// MountsUnder returns the mounts on dir or below it, and the mounts whose
+// source lies there.
+func MountsUnder(t testing.TB, dir string) []mountinfo.Mount {
+	t.Helper()
+	var out []mountinfo.Mount
+	in := func(p string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+	for _, m := range Mounts(t) {
+		if in(m.Point) || in(m.Source) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// MountAt returns the topmost mount on dir, or nil.
+func MountAt(t testing.TB, dir string) *mountinfo.Mount {
+	t.Helper()
+	return mountinfo.Top(Mounts(t), dir)
+}
+
+// Daemons lists, with ps, the live (not zombie) qcowfs processes whose
+// command line has path as an argument: the daemon or foreground process
+// serving a mount on path. Matching on the test's unique temporary path
+// keeps other tests' processes out.
+func Daemons(t testing.TB, path string) []int {
+	t.Helper()
+	out, err := exec.Command("ps", "-ww", "-eo", "pid=,stat=,args=").Output()
+	if err != nil {
+		t.Fatalf("ps: %v", err)
+	}
+	var pids []int
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 || strings.HasPrefix(f[1], "Z") || !strings.Contains(filepath.Base(f[2]), "qcowfs") {
+			continue
+		}
+		for _, a := range f[3:] {
+			if a == path {
+				pid, _ := strconv.Atoi(f[0])
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids
+}
+
+// Cleanup makes sure that, however the test ends, nothing stays mounted
+// on mnt and no qcowfs process serving it survives: for mounts a test
+// makes itself rather than with Mount.
+func Cleanup(t testing.TB, mnt string) {
+	t.Cleanup(func() {
+		// Processes first, as one still starting could mount after
+		// an unmount. SIGTERM lets a daemon unmount and exit; SIGKILL
+		// is the last resort, as a daemon killed while it is in a
+		// request on its own mount hangs until the connection is
+		// aborted.
+		signal := func(sig syscall.Signal, d time.Duration) {
+			deadline := time.Now().Add(d)
+			for pids := Daemons(t, mnt); len(pids) > 0 && time.Now().Before(deadline); pids = Daemons(t, mnt) {
+				for _, pid := range pids {
+					syscall.Kill(pid, sig)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		signal(syscall.SIGTERM, 3*time.Second)
+		for i := 0; i < 5 && MountAt(t, mnt) != nil; i++ {
+			exec.Command("umount", "-l", mnt).Run()
+		}
+		signal(syscall.SIGKILL, 3*time.Second)
+		// The log a daemon without syslog and --log-file left.
+		os.Remove(filepath.Join("/run/qcowfs", Escape(mnt)+".log"))
+	})
+}
+
+// WaitGone waits for every qcowfs process serving mnt to exit.
+func WaitGone(t testing.TB, mnt string) {
+	t.Helper()
+	WaitFor(t, "the qcowfs daemon for "+mnt+" to exit", 10*time.Second, func() bool {
+		return len(Daemons(t, mnt)) == 0
+	})
+}
+
+// Escape escapes a path as systemd-escape --path does, which is how
+// qcowfs names a mount's files in its runtime folder.
+func Escape(p string) string {
+	out, err := exec.Command("systemd-escape", "--path", p).Output()
+	if err == nil {
+		return strings.TrimSpace(string(out))
+	}
+	// Without systemd: the same rules, for the plain paths of tests.
+	return strings.ReplaceAll(strings.Trim(p, "/"), "/", "-")
+}

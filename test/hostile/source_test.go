@@ -1,0 +1,351 @@
+package hostile
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/qcowfs/qcowfs/test/harness"
+	"github.com/qcowfs/qcowfs/test/qemu"
+)
+
+// TestHostileShrunkHostFile: an image file truncated while the mount has
+// it open. Reads past the new end fail with EIO on both read paths (the
+// zero-copy one ends neither silently early nor with stale bytes), a
+// whole-file copy fails rather than ending short, and nothing read
+// before (another image's bytes, in pooled buffers) is ever served.
+func TestHostileShrunkHostFile(t *testing.T) {
+	harness.RequireFUSE(t)
+	for _, readPath := range []string{"splice", "copy"} {
+		t.Run(readPath, func(t *testing.T) {
+			src := qemu.TempDir(t)
+			canary := filepath.Join(src, "canary.qcow2")
+			qemu.Create(t, "qcow2", canary, "4M")
+			qemu.IO(t, canary, "write -P 0xca 0 4M")
+			// One contiguous run of data clusters (one host range per
+			// read), and one with zero clusters between data ones
+			// (several ranges per read, gathered in a pipe).
+			one := filepath.Join(src, "one.qcow2")
+			qemu.Create(t, "qcow2", one, "4M")
+			qemu.IO(t, one, "write -P 0x5a 0 4M")
+			var cmds []string
+			for off := 0; off < 4<<20; off += 128 << 10 {
+				cmds = append(cmds, fmt.Sprintf("write -P 0x5b %d 64k", off))
+			}
+			many := filepath.Join(src, "many.qcow2")
+			qemu.Create(t, "qcow2", many, "4M")
+			qemu.IO(t, many, cmds...)
+			m := harness.Mount(t, src, "--read-path="+readPath)
+			canaryRaw := qemu.ToRaw(t, canary, filepath.Join(t.TempDir(), "canary.raw"))
+
+			for _, name := range []string{"one", "many"} {
+				f, err := os.Open(filepath.Join(m.Dir, name+".raw"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				// The data of guest offsets past 1 MiB goes away.
+				img := filepath.Join(src, name+".qcow2")
+				at, e := qemu.L2EntryOffset(t, img, 8)
+				host := int64(e & qemu.OffsetMask)
+				if host <= at {
+					t.Fatalf("%s: data cluster 8 at %#x lies before its L2 table", name, host)
+				}
+				// Fill the daemon's buffers with the canary's bytes.
+				harness.SameFile(t, filepath.Join(m.Dir, "canary.raw"), canaryRaw)
+				if err := os.Truncate(img, host); err != nil {
+					t.Fatal(err)
+				}
+				b, err := harness.Within(t, "reading past the new end", 20*time.Second, func() ([]byte, error) {
+					b := make([]byte, 1<<20)
+					n, err := f.ReadAt(b, 2<<20)
+					return b[:n], err
+				})
+				if !errIs(err, syscall.EIO) {
+					t.Errorf("%s: read past the shrunk file: %d bytes, %v; want EIO", name, len(b), err)
+				}
+				if bytes.Contains(b, []byte{0xca, 0xca, 0xca, 0xca}) {
+					t.Errorf("%s: served the canary's bytes", name)
+				}
+				// A copy of the whole disk fails; it does not end early.
+				n, err := harness.Within(t, "copying the disk", 30*time.Second, func() (int64, error) {
+					g, err := os.Open(filepath.Join(m.Dir, name+".raw"))
+					if err != nil {
+						return 0, err
+					}
+					defer g.Close()
+					return io.Copy(io.Discard, g)
+				})
+				if err == nil || !errIs(err, syscall.EIO) {
+					t.Errorf("%s: copying the disk: %d bytes, %v; want EIO (not an early end)", name, n, err)
+				}
+			}
+			harness.SameFile(t, filepath.Join(m.Dir, "canary.raw"), canaryRaw)
+			m.NoPanics(t)
+			if log := m.LogText(t); !strings.Contains(log, "short read") {
+				t.Errorf("no log line names the short read:\n%s", log)
+			}
+		})
+	}
+}
+
+// TestHostileSwappedFolder: a folder of the mount, held open (a directory
+// handle, a process's working folder), is replaced in the source by a
+// symlink to a folder outside the source. Nothing from outside is served:
+// not through the handle, not to the process in it, not to a fresh
+// lookup.
+func TestHostileSwappedFolder(t *testing.T) {
+	harness.RequireFUSE(t)
+	src := qemu.TempDir(t)
+	outside := t.TempDir()
+	sub := filepath.Join(src, "sub")
+	os.Mkdir(sub, 0o755)
+	inner := filepath.Join(sub, "inner.qcow2")
+	qemu.Create(t, "qcow2", inner, "1M")
+	qemu.IO(t, inner, "write -P 0x11 0 64k")
+	secret := filepath.Join(outside, "inner.qcow2")
+	qemu.Create(t, "qcow2", secret, "1M")
+	qemu.IO(t, secret, "write -P 0xee 0 1M")
+	os.WriteFile(filepath.Join(outside, "secret.txt"), []byte("OUTSIDE-SECRET"), 0o644)
+	m := harness.Mount(t, src)
+
+	d, err := os.Open(filepath.Join(m.Dir, "sub"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if got := listWithin(t, filepath.Join(m.Dir, "sub"), 10*time.Second); !slices.Contains(got, "inner.raw") {
+		t.Fatalf("sub lists %q", got)
+	}
+	// A process working in the folder, waiting for the swap.
+	sh := exec.Command("sh", "-c", "read x; cat secret.txt inner.raw 2>&1 | head -c 64; ls")
+	sh.Dir = filepath.Join(m.Dir, "sub")
+	stdin, _ := sh.StdinPipe()
+	var shOut bytes.Buffer
+	sh.Stdout, sh.Stderr = &shOut, &shOut
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(sub, filepath.Join(src, "sub.orig")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, sub); err != nil {
+		t.Fatal(err)
+	}
+	stdin.Write([]byte("go\n"))
+	stdin.Close()
+	harness.Within(t, "the shell in the swapped folder", 20*time.Second, func() (int, error) { return 0, sh.Wait() })
+	if strings.Contains(shOut.String(), "OUTSIDE") || strings.Contains(shOut.String(), "\xee\xee") {
+		t.Errorf("a process in the swapped folder read from outside:\n%q", shOut.String())
+	}
+	// Through the held handle.
+	for _, name := range []string{"secret.txt", "inner.raw"} {
+		fd, err := unix.Openat(int(d.Fd()), name, unix.O_RDONLY, 0)
+		if err != nil {
+			continue
+		}
+		b := make([]byte, 64)
+		n, _ := unix.Pread(fd, b, 0)
+		unix.Close(fd)
+		if bytes.Contains(b[:n], []byte("OUTSIDE")) || bytes.Contains(b[:n], []byte{0xee, 0xee}) {
+			t.Errorf("openat(held handle, %s) served bytes from outside: %q", name, b[:n])
+		}
+	}
+	d.Seek(0, io.SeekStart)
+	if names, err := d.Readdirnames(-1); err == nil && slices.Contains(names, "secret.txt") {
+		t.Errorf("the held handle lists the outside folder: %q", names)
+	}
+	// A fresh lookup: sub is a symlink leading outside, so not shown.
+	if got := listWithin(t, m.Dir, 10*time.Second); slices.Contains(got, "sub") {
+		t.Errorf("the root lists %q: sub now leads outside", got)
+	}
+	if b, err := os.ReadFile(filepath.Join(m.Dir, "sub", "secret.txt")); err == nil {
+		t.Errorf("read %q through the swapped folder", b)
+	}
+	// The folder that moved is served under its new name, and an image
+	// that moves too (nodes keep the path they were looked up at).
+	if got := listWithin(t, filepath.Join(m.Dir, "sub.orig"), 10*time.Second); !slices.Contains(got, "inner.raw") {
+		t.Errorf("sub.orig lists %q", got)
+	}
+	if b, err := probeImage(t, filepath.Join(m.Dir, "sub.orig", "inner.raw")); err != nil || b[0] != 0x11 {
+		t.Errorf("sub.orig/inner.raw: %v", err)
+	}
+	os.Rename(filepath.Join(src, "sub.orig", "inner.qcow2"), filepath.Join(src, "sub.orig", "moved.qcow2"))
+	if b, err := probeImage(t, filepath.Join(m.Dir, "sub.orig", "moved.raw")); err != nil || b[0] != 0x11 {
+		t.Errorf("sub.orig/moved.raw, renamed from inner.qcow2: %v", err)
+	}
+	m.NoPanics(t)
+}
+
+// TestHostileSpecialFiles: a fifo and a block device node (a loop device
+// over a file outside the source) in the source folder, named as the
+// backing file or the data file of images. Each image is refused with a
+// log line naming the file type; nothing hangs, the canary reads, and the
+// device's bytes are never served.
+func TestHostileSpecialFiles(t *testing.T) {
+	harness.RequireFUSE(t)
+	qemu.Require(t, "losetup")
+	src := qemu.TempDir(t)
+	outside := filepath.Join(t.TempDir(), "secret.img")
+	qemu.Create(t, "raw", outside, "1M")
+	qemu.Run(t, "sh", "-c", "yes DEVICE-SECRET | head -c 1048576 | dd of="+outside+" conv=notrunc status=none")
+	dev := strings.TrimSpace(string(qemu.Run(t, "losetup", "-f", "--show", "-r", outside)))
+	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mknod(filepath.Join(src, "blk"), unix.S_IFBLK|0o600, int(st.Rdev)); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(src, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, node := range []string{"blk", "fifo"} {
+		qemu.Img(t, "create", "-q", "-f", "qcow2", "-u", "-b", node, "-F", "raw", filepath.Join(src, "backing-"+node+".qcow2"), "1M")
+		// A data file image: made with a regular data file, which is
+		// then replaced by a symlink to the node.
+		img := filepath.Join(src, "data-"+node+".qcow2")
+		data := filepath.Join(src, "data-"+node+".data")
+		qemu.Img(t, "create", "-q", "-f", "qcow2", "-o", "data_file="+data+",data_file_raw=on", img, "1M")
+		os.Remove(data)
+		os.Symlink(node, data)
+	}
+	// A fifo named like an image.
+	unix.Mkfifo(filepath.Join(src, "fifo.qcow2"), 0o600)
+	canary := filepath.Join(src, "canary.qcow2")
+	qemu.Create(t, "qcow2", canary, "1M")
+	qemu.IO(t, canary, "write -P 0x61 0 1M")
+
+	m := harness.Mount(t, src)
+	listed := listWithin(t, m.Dir, 20*time.Second)
+	for _, name := range []string{"backing-blk", "backing-fifo", "data-blk", "data-fifo", "fifo"} {
+		if slices.Contains(listed, name+".raw") {
+			b, _ := probeImage(t, filepath.Join(m.Dir, name+".raw"))
+			if bytes.Contains(b, []byte("DEVICE-SECRET")) {
+				t.Errorf("%s.raw serves the device's bytes", name)
+			}
+			t.Errorf("%s.raw is shown; its backing or data file is not a regular file", name)
+		}
+	}
+	for _, n := range []string{"blk", "fifo"} {
+		if slices.Contains(listed, n) {
+			t.Errorf("the special file %s is shown", n)
+		}
+	}
+	log := m.LogText(t)
+	for name, what := range map[string]string{"backing-blk": "a block device", "backing-fifo": "a fifo", "data-blk": "a block device", "data-fifo": "a fifo"} {
+		if !strings.Contains(log, filepath.Join(src, name+".qcow2")) || !strings.Contains(log, what) {
+			t.Errorf("no log line says %s.qcow2's file is %s:\n%s", name, what, log)
+		}
+	}
+	b, err := probeImage(t, filepath.Join(m.Dir, "canary.raw"))
+	if err != nil || len(b) != 1<<20 || b[0] != 0x61 {
+		t.Errorf("the canary: %d bytes, %v", len(b), err)
+	}
+	m.NoPanics(t)
+	var hostile []string
+	for _, name := range []string{"backing-blk", "backing-fifo", "data-blk", "data-fifo"} {
+		hostile = append(hostile, filepath.Join(src, name+".qcow2"))
+	}
+	boundedAll(t, hostile)
+}
+
+// TestHostileMetadataAsData: L2 entries that place guest data in the
+// image's own metadata (a refcount block, the snapshot table, the bitmap
+// directory), and a compressed stream in the header cluster. Each such
+// read fails with EIO (qemu-img check reports each image corrupt, the
+// oracle for "this is metadata"), intact clusters read, and an image
+// whose metadata map does not fit in --metadata-memory is not shown, with
+// a line naming the flag.
+func TestHostileMetadataAsData(t *testing.T) {
+	harness.RequireFUSE(t)
+	src := qemu.TempDir(t)
+	tmpl := filepath.Join(t.TempDir(), "tmpl.qcow2")
+	qemu.Create(t, "qcow2", tmpl, "8M")
+	qemu.IO(t, tmpl, "write -P 0x41 0 1M", "write -c -P 0x42 1M 64k")
+	qemu.Img(t, "snapshot", "-c", "s", tmpl)
+	qemu.Img(t, "bitmap", "--add", tmpl, "b")
+	_, _, dirOff, _ := qemu.BitmapDirectory(t, tmpl)
+	rt := int64(qemu.ReadU(t, tmpl, qemu.HeaderRefcountTableOffset, 8))
+	refblock := int64(qemu.ReadU(t, tmpl, rt, 8) &^ 0x1ff)
+	targets := map[string]int64{
+		"into-refcount-block":   refblock,
+		"into-snapshot-table":   int64(qemu.ReadU(t, tmpl, qemu.HeaderSnapshotsOffset, 8)),
+		"into-bitmap-directory": dirOff,
+	}
+	var hostile []string
+	for name, host := range targets {
+		p := filepath.Join(src, name+".qcow2")
+		qemu.Run(t, "cp", tmpl, p)
+		// Cluster 2 of the active L2 table (a copy, since the snapshot
+		// shares the original).
+		at, e := qemu.L2EntryOffset(t, p, 2)
+		qemu.PatchU(t, p, at, 8, e&^qemu.OffsetMask|uint64(host))
+		hostile = append(hostile, p)
+	}
+	cp := filepath.Join(src, "compressed-in-header.qcow2")
+	qemu.Run(t, "cp", tmpl, cp)
+	at, e := qemu.L2EntryOffset(t, cp, 16) // the compressed cluster at 1 MiB
+	const x = 62 - (16 - 8)
+	qemu.PatchU(t, cp, at, 8, e&^(1<<x-1)|0x200)
+	hostile = append(hostile, cp)
+	for _, p := range hostile {
+		if out, err := exec.Command("qemu-img", "check", p).CombinedOutput(); err == nil {
+			t.Fatalf("qemu-img check finds nothing wrong with %s:\n%s", filepath.Base(p), out)
+		}
+	}
+	// An image whose L1 table alone (2 MiB: a 128 TiB disk) is more than
+	// the budget the mount is given.
+	big := filepath.Join(src, "big.qcow2")
+	qemu.Create(t, "qcow2", big, "128T")
+	canary := filepath.Join(src, "canary.qcow2")
+	qemu.Create(t, "qcow2", canary, "1M")
+	qemu.IO(t, canary, "write -P 0x61 0 1M")
+
+	m := harness.Mount(t, src, "--metadata-memory=1M")
+	listed := listWithin(t, m.Dir, 20*time.Second)
+	for _, p := range hostile {
+		raw := filepath.Join(m.Dir, strings.TrimSuffix(filepath.Base(p), ".qcow2")+".raw")
+		f, err := os.Open(raw)
+		if err != nil {
+			t.Errorf("%s: %v", raw, err)
+			continue
+		}
+		off := int64(2 << 16)
+		if strings.Contains(p, "compressed") {
+			off = 1 << 20
+		}
+		_, err = harness.Within(t, "reading "+raw, 10*time.Second, func() (int, error) { return f.ReadAt(make([]byte, 4096), off) })
+		if !errIs(err, syscall.EIO) {
+			t.Errorf("%s: reading the cluster in metadata: %v, want EIO", filepath.Base(raw), err)
+		}
+		b := make([]byte, 4096)
+		if _, err := f.ReadAt(b, 0); err != nil || b[0] != 0x41 {
+			t.Errorf("%s: reading an intact cluster: %v", filepath.Base(raw), err)
+		}
+		f.Close()
+	}
+	if slices.Contains(listed, "big.raw") {
+		t.Errorf("big.raw is shown; its L1 table is more than the mount's metadata memory")
+	}
+	log := m.LogText(t)
+	if !strings.Contains(log, "image="+big) || !strings.Contains(log, "--metadata-memory") {
+		t.Errorf("no log line refuses big.qcow2 naming --metadata-memory:\n%s", log)
+	}
+	if b, err := probeImage(t, filepath.Join(m.Dir, "canary.raw")); err != nil || b[0] != 0x61 {
+		t.Errorf("the canary: %v", err)
+	}
+	m.NoPanics(t)
+	boundedAll(t, append(hostile, big))
+}

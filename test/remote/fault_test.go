@@ -1,0 +1,236 @@
+package remote
+
+import (
+	"bytes"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/qcowfs/qcowfs/test/harness"
+	"github.com/qcowfs/qcowfs/test/qemu"
+	"github.com/qcowfs/qcowfs/test/servers"
+)
+
+// TestRemoteFaults puts a fault-injecting proxy between the daemon and
+// versitygw, with two images under the mounted prefix: the victim, whose
+// requests get the faults, and a canary. Transient faults (503s, dropped
+// connections) are retried and the read succeeds; a stall past
+// --remote-timeout and an object replaced while open fail the read with
+// EIO (and a log line) in bounded time. Through all of it the daemon stays
+// up and the canary reads right. (A server ignoring Range:
+// TestRemoteIgnoredRange.)
+func TestRemoteFaults(t *testing.T) {
+	harness.RequireFUSE(t)
+	srv := startS3(t, "faults")
+	work := qemu.TempDir(t)
+	victim := filepath.Join(work, "victim.qcow2")
+	qemu.Create(t, "qcow2", victim, "16M")
+	qemu.IO(t, victim, "write -P 0x5a 0 16M")
+	canary := filepath.Join(work, "canary.qcow2")
+	qemu.Create(t, "qcow2", canary, "8M")
+	qemu.IO(t, canary, "write -P 0xca 0 8M")
+	putFile(t, srv, "faults", "img/victim.qcow2", victim)
+	putFile(t, srv, "faults", "img/canary.qcow2", canary)
+	wantVictim, err := os.ReadFile(wantRaw(t, work, victim))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCanary, err := os.ReadFile(wantRaw(t, work, canary))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	proxy := servers.NewFaultProxy(t, srv.Endpoint)
+	m := mountRemote(t, harness.Daemon{Env: s3Env(t, srv.Access, srv.Secret), Racy: true}, "s3://faults/img/",
+		"--s3-endpoint", proxy.URL, "--remote-timeout=3s", "--remote-refresh=1h")
+	vf, err := os.Open(filepath.Join(m.Dir, "victim.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vf.Close()
+	cf, err := os.Open(filepath.Join(m.Dir, "canary.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cf.Close()
+
+	// Each step reads its own MiB of the victim, so that neither the
+	// kernel's page cache nor the chunk cache has it yet.
+	region := int64(0)
+	readVictim := func() error {
+		region++
+		buf := make([]byte, 64<<10)
+		off := region << 20
+		_, err := vf.ReadAt(buf, off)
+		if err == nil && !bytes.Equal(buf, wantVictim[off:off+int64(len(buf))]) {
+			t.Errorf("victim at %d: wrong bytes", off)
+		}
+		return err
+	}
+	canaryOff := int64(0)
+	checkCanary := func(when string) {
+		t.Helper()
+		if !harness.IsMounted(m.Dir) {
+			t.Fatalf("%s: the mount is gone", when)
+		}
+		buf := make([]byte, 256<<10)
+		off := canaryOff % int64(len(wantCanary))
+		canaryOff += 1 << 20
+		if _, err := cf.ReadAt(buf, off); err != nil {
+			t.Fatalf("%s: the canary: %v", when, err)
+		}
+		if !bytes.Equal(buf, wantCanary[off:off+int64(len(buf))]) {
+			t.Fatalf("%s: the canary reads wrong bytes at %d", when, off)
+		}
+	}
+	isVictim := func(r *http.Request) bool { return strings.Contains(r.URL.Path, "victim") }
+	wantEIO := func(what string, within time.Duration) {
+		t.Helper()
+		start := time.Now()
+		err := readVictim()
+		if d := time.Since(start); d > within {
+			t.Errorf("%s: the read took %v, want at most %v", what, d, within)
+		}
+		if !errors.Is(err, syscall.EIO) {
+			t.Errorf("%s: the read returned %v, want EIO", what, err)
+		}
+	}
+	checkCanary("before any fault")
+
+	for _, f := range []servers.Fault{
+		{Kind: servers.Status, Status: 503, Count: 3},
+		{Kind: servers.Drop, After: 1000, Count: 2},
+	} {
+		proxy.Set(servers.Fault{Kind: f.Kind, Status: f.Status, After: f.After, Count: f.Count, Match: isVictim})
+		before := proxy.Faulted()
+		if err := readVictim(); err != nil {
+			t.Errorf("%s: the read failed (%v); a transient fault should be retried", f.Kind, err)
+		}
+		if proxy.Faulted() == before {
+			t.Errorf("%s: no request got the fault", f.Kind)
+		}
+		proxy.Clear()
+		checkCanary(f.Kind.String())
+	}
+
+	// A stall: the read fails within the timeout (3 s) and some slack;
+	// meanwhile the canary reads.
+	proxy.Set(servers.Fault{Kind: servers.Stall, Match: isVictim})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		wantEIO("stall", 8*time.Second)
+	}()
+	harness.WaitFor(t, "a victim request held by the proxy", 5*time.Second, func() bool { return proxy.Held() > 0 })
+	checkCanary("during a stall")
+	<-done
+	proxy.Clear()
+	proxy.Release()
+	if err := readVictim(); err != nil {
+		t.Errorf("after the stall: %v", err)
+	}
+	checkCanary("after a stall")
+
+	// The object replaced while open: its reads fail, never mixing the
+	// two versions.
+	other := filepath.Join(work, "other.qcow2")
+	qemu.Create(t, "qcow2", other, "16M")
+	qemu.IO(t, other, "write -P 0x77 0 16M")
+	putFile(t, srv, "faults", "img/victim.qcow2", other)
+	wantEIO("replaced", 5*time.Second)
+	checkCanary("after the replacement")
+
+	log := m.LogText(t)
+	for _, want := range []string{"timed out", "changed"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the daemon's log does not say %q:\n%s", want, log)
+		}
+	}
+	if strings.Contains(log, srv.Secret) {
+		t.Errorf("the daemon's log shows the secret key")
+	}
+}
+
+// TestRemoteIgnoredRange: a web server that answers range requests with
+// the whole body is refused with a clear message: at mount time (the
+// mount fails, nothing is mounted), and mid-read (EIO and a log line; the
+// daemon stays up, and reads work again once the server honours Range).
+func TestRemoteIgnoredRange(t *testing.T) {
+	harness.RequireFUSE(t)
+	root := qemu.TempDir(t)
+	img := filepath.Join(root, "disk.qcow2")
+	qemu.Create(t, "qcow2", img, "16M")
+	qemu.IO(t, img, "write -P 0x5a 0 16M")
+	want, err := os.ReadFile(wantRaw(t, t.TempDir(), img))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ng := servers.StartNginx(t, root, false)
+	proxy := servers.NewFaultProxy(t, ng.URL)
+	url := proxy.URL + "/disk.qcow2"
+
+	proxy.Set(servers.Fault{Kind: servers.IgnoreRange})
+	if _, out, err := tryMountRemote(t, harness.Daemon{}, url); err == nil || !strings.Contains(out, "ignores Range") {
+		t.Errorf("mount through a server ignoring Range: err %v, output %q; want a refusal", err, out)
+	}
+	proxy.Clear()
+
+	m := mountRemote(t, harness.Daemon{}, url)
+	f, err := os.Open(filepath.Join(m.Dir, "disk.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	read := func(mib int64) error {
+		buf := make([]byte, 64<<10)
+		_, err := f.ReadAt(buf, mib<<20)
+		if err == nil && !bytes.Equal(buf, want[mib<<20:mib<<20+int64(len(buf))]) {
+			t.Errorf("wrong bytes at %d MiB", mib)
+		}
+		return err
+	}
+	if err := read(1); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Set(servers.Fault{Kind: servers.IgnoreRange})
+	start := time.Now()
+	if err := read(3); !errors.Is(err, syscall.EIO) {
+		t.Errorf("read through a server ignoring Range: %v, want EIO", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the refused read took %v", d)
+	}
+	proxy.Clear()
+	if err := read(5); err != nil {
+		t.Errorf("read once the server honours Range again: %v", err)
+	}
+	if log := m.LogText(t); !strings.Contains(log, "ignores Range") {
+		t.Errorf("the daemon's log does not say the server ignores Range:\n%s", log)
+	}
+}
+
+// TestRemoteGuestPartition loop-mounts the guest partition of an image
+// served by nginx, through the mount, and checks every file's sha256.
+func TestRemoteGuestPartition(t *testing.T) {
+	harness.RequireFUSE(t)
+	qemu.Require(t, "sfdisk", "mkfs.ext4", "losetup", "partx", "mount")
+	work := qemu.TempDir(t)
+	want := harness.WriteGuestTree(t, filepath.Join(work, "tree"))
+	disk := harness.MakeGuestDisk(t, work, filepath.Join(work, "tree"))
+	root := qemu.TempDir(t)
+	qemu.Img(t, "convert", "-q", "-f", "raw", "-O", "qcow2", disk, filepath.Join(root, "disk.qcow2"))
+	ng := servers.StartNginx(t, root, false)
+	// Cleanups run last first: the guest, the loop device, then qcowfs.
+	m := mountRemote(t, harness.Daemon{}, ng.URL+"/disk.qcow2")
+	dev, _ := harness.AttachLoop(t, filepath.Join(m.Dir, "disk.raw"), "-r", "-P")
+	guest, _ := harness.MountGuest(t, harness.PartitionNode(t, dev), "ro,noload")
+	harness.CompareTrees(t, harness.ReadTree(t, guest), want)
+	if log := m.LogText(t); strings.Contains(log, "level=ERROR") {
+		t.Errorf("the daemon logged errors:\n%s", log)
+	}
+}

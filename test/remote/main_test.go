@@ -1,0 +1,11 @@
+// Package remote tests images over HTTP(S) and S3 (nginx, versitygw, a
+// fault proxy) through a mount and through info, map and check.
+package remote
+
+import (
+	"testing"
+
+	"github.com/qcowfs/qcowfs/test/harness"
+)
+
+func TestMain(m *testing.M) { harness.Main(m) }

@@ -1,0 +1,12 @@
+// Package write tests writable mounts: writes as qemu-io makes them, the
+// writeback cache, overlays, guest file systems written through loop
+// devices, ENOSPC, torn sectors, a daemon killed mid-write.
+package write
+
+import (
+	"testing"
+
+	"github.com/qcowfs/qcowfs/test/harness"
+)
+
+func TestMain(m *testing.M) { harness.Main(m) }

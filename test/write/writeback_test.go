@@ -1,0 +1,324 @@
+package write
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/qcowfs/qcowfs/test/harness"
+	"github.com/qcowfs/qcowfs/test/qemu"
+)
+
+// A writable mount has the kernel's writeback cache unless
+// --no-writeback-cache: these tests pin down what differs between the two.
+
+// TestWriteAcrossTheEnd: a write that crosses the end of a disk file or a
+// partition file, after writes inside the file in the same pages (and in
+// the page before, so that the kernel may send them in one piece). A disk
+// takes what fits and fails the rest with ENOSPC, and so does the mount:
+//
+//   - --no-writeback-cache: the write returns the bytes that fit (a short
+//     count, as at the end of a block device) and the next one ENOSPC; dd,
+//     which writes the rest again, fails with ENOSPC.
+//   - the writeback cache (the default): the kernel takes the whole write
+//     into its page cache, so write(2) returns it all; writing it back fails
+//     with ENOSPC, which fsync (or, without one, close) returns. So it does
+//     when an O_DIRECT handle of the file is open too (the kernel may write
+//     back through that handle). The kernel grew the size it keeps for the
+//     open file (fstat, not checked), but stat of the name right after the
+//     fsync shows the disk's size (a new inode, fs/writeback.go).
+//
+// Either way the file keeps its size: stat right after the writer closed,
+// and after the kernel's caches are dropped, shows the size it had, and a
+// read at the end finds nothing. After unmount, qemu-img check finds the
+// image clean, its virtual size unchanged, and qemu-img convert equals the
+// model: every byte written inside the file is there, none past its end.
+func TestWriteAcrossTheEnd(t *testing.T) {
+	harness.RequireFUSE(t)
+	qemu.Require(t, "sfdisk", "dd")
+	const (
+		diskSize  = 48 << 20
+		partStart = 1 << 20
+		partSize  = 65535 * 512 // the partition ends inside a page
+	)
+	// One guest disk for every case: an MBR with one partition.
+	work := t.TempDir()
+	template := filepath.Join(work, "disk.img")
+	if err := os.WriteFile(template, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(template, diskSize); err != nil {
+		t.Fatal(err)
+	}
+	sfdisk := exec.Command("sfdisk", "-q", template)
+	sfdisk.Stdin = strings.NewReader(fmt.Sprintf("label: dos\nstart=%d, size=%d, type=83\n", partStart/512, partSize/512))
+	if out, err := sfdisk.CombinedOutput(); err != nil {
+		t.Fatalf("sfdisk: %v\n%s", err, out)
+	}
+	blank, err := os.ReadFile(template)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill := func(n int, tag byte) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = tag + byte(i%251)
+		}
+		return b
+	}
+	for _, mode := range []string{"writeback", "write-through"} {
+		t.Run(mode, func(t *testing.T) {
+			src := qemu.TempDir(t)
+			type target struct{ name, image, file string }
+			var cases []target
+			for _, part := range []bool{false, true} {
+				for _, how := range []string{"pwrite", "write", "dd", "direct-beside"} {
+					name := "disk-" + how
+					file := name + ".raw"
+					if part {
+						name = "part-" + how
+						file = filepath.Join(name+".raw.parts", "p1")
+					}
+					img := filepath.Join(src, name+".qcow2")
+					qemu.Img(t, "convert", "-q", "-f", "raw", "-O", "qcow2", template, img)
+					cases = append(cases, target{name, img, file})
+				}
+			}
+			args := []string{"--writable"}
+			if mode == "write-through" {
+				args = append(args, "--no-writeback-cache")
+			}
+			m := harness.Racy.Mount(t, src, args...)
+			models := map[string][]byte{}
+			for _, c := range cases {
+				t.Run(c.name, func(t *testing.T) {
+					path := filepath.Join(m.Dir, c.file)
+					how := strings.SplitN(c.name, "-", 2)[1]
+					start, size := int64(0), int64(diskSize)
+					if strings.HasPrefix(c.name, "part-") {
+						start, size = partStart, partSize
+					}
+					model := slices.Clone(blank)
+					wantSize := func(when string) {
+						t.Helper()
+						if st, err := os.Stat(path); err != nil {
+							t.Errorf("stat %s: %v", when, err)
+						} else if st.Size() != size {
+							t.Errorf("stat %s: size %d, want %d", when, st.Size(), size)
+						}
+					}
+					f, err := os.OpenFile(path, os.O_RDWR, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer f.Close()
+					direct := f // a second handle, or f again
+					if how == "direct-beside" {
+						// Opened last, the O_DIRECT handle is the
+						// one the kernel writes cached pages back
+						// through.
+						if direct, err = os.OpenFile(path, os.O_RDWR|syscall.O_DIRECT, 0); err != nil {
+							t.Fatal(err)
+						}
+						defer direct.Close()
+					}
+					// Inside the file: the page before the last, and
+					// the last page, which the next write crosses.
+					for _, w := range []struct {
+						off int64
+						n   int
+					}{{size - 9000, 1000}, {size - 3000, 1000}} {
+						b := fill(w.n, byte(w.off))
+						if _, err := f.WriteAt(b, w.off); err != nil {
+							t.Fatalf("write of %d bytes at %d, inside the file: %v", w.n, w.off, err)
+						}
+						copy(model[start+w.off:], b)
+					}
+					off, over := size-1500, fill(8192, 0x80)
+					copy(model[start+off:start+size], over)
+					fit := int(size - off)
+					switch how {
+					case "dd":
+						file := filepath.Join(t.TempDir(), "over")
+						if err := os.WriteFile(file, over, 0o644); err != nil {
+							t.Fatal(err)
+						}
+						out, err := exec.Command("dd", "if="+file, "of="+path, "bs=8192", "count=1", "oflag=seek_bytes",
+							fmt.Sprintf("seek=%d", off), "conv=notrunc", "status=none").CombinedOutput()
+						if err == nil || !strings.Contains(string(out), "No space left on device") {
+							t.Errorf("dd across the end: %v %s; want it to fail with ENOSPC", err, out)
+						}
+						if err := f.Sync(); err != nil && mode == "write-through" {
+							t.Errorf("fsync after dd: %v", err)
+						}
+					default:
+						var n int
+						if how == "write" {
+							if _, err = f.Seek(off, io.SeekStart); err != nil {
+								t.Fatal(err)
+							}
+							n, err = unix.Write(int(f.Fd()), over)
+						} else {
+							n, err = unix.Pwrite(int(f.Fd()), over, off)
+						}
+						switch mode {
+						case "writeback":
+							if err != nil || n != len(over) {
+								t.Errorf("write of %d bytes across the end: %d, %v; want all of it taken (the page cache)", len(over), n, err)
+							}
+							if err := f.Sync(); !errors.Is(err, syscall.ENOSPC) {
+								t.Errorf("fsync after a write across the end: %v, want ENOSPC", err)
+							}
+							wantSize("right after the fsync, the writer still open")
+						case "write-through":
+							if err != nil || n != fit {
+								t.Errorf("write of %d bytes across the end: %d, %v; want the %d that fit", len(over), n, err, fit)
+							}
+							if _, err := unix.Pwrite(int(f.Fd()), over[fit:], size); !errors.Is(err, syscall.ENOSPC) {
+								t.Errorf("write at the end: %v, want ENOSPC", err)
+							}
+							if st, err := f.Stat(); err != nil || st.Size() != size {
+								t.Errorf("fstat right after the write: %v %v, want size %d", st, err, size)
+							}
+							if err := f.Sync(); err != nil {
+								t.Errorf("fsync: %v", err)
+							}
+						}
+					}
+					f.Close()
+					direct.Close()
+					wantSize("right after the writer closed")
+					got := make([]byte, 16384)
+					r, err := os.Open(path)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if n, err := r.ReadAt(got, size-int64(len(got))); n != len(got) || err != nil {
+						t.Errorf("read of the last %d bytes: %d, %v", len(got), n, err)
+					} else if i := harness.FirstDiff(got, model[start+size-int64(len(got)):start+size]); i >= 0 {
+						t.Errorf("the file reads differently from the model %d bytes before its end", len(got)-i)
+					}
+					if n, err := r.ReadAt(got, size); n != 0 || err != io.EOF {
+						t.Errorf("read at the end: %d bytes, %v; want none (EOF)", n, err)
+					}
+					r.Close()
+					if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("2\n"), 0); err != nil {
+						t.Fatal(err)
+					}
+					wantSize("after the kernel dropped its caches")
+					models[c.name] = model
+				})
+			}
+			m.Unmount(t)
+			// The images as qemu sees them.
+			for _, c := range cases {
+				model := models[c.name]
+				if model == nil {
+					continue // the case failed early
+				}
+				qemu.CheckClean(t, c.image)
+				if got := int64(qemu.Info(t, c.image)["virtual-size"].(float64)); got != diskSize {
+					t.Errorf("%s: virtual size %d after the write, want %d", c.name, got, diskSize)
+				}
+				raw, err := os.ReadFile(qemu.ToRaw(t, c.image, filepath.Join(t.TempDir(), c.name+".raw")))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if i := harness.FirstDiff(raw, model); i >= 0 {
+					t.Errorf("%s: qemu-img convert differs from the model at byte %d of the disk", c.name, i)
+				}
+			}
+		})
+	}
+}
+
+// TestDirectAfterBuffered: with the writeback cache, a buffered writer
+// leaves dirty pages over a range, then four O_DIRECT writers (whose writes
+// the kernel sends in parallel, fs/image.go) overwrite parts of it. The
+// direct writes must win: the kernel writes the range's dirty pages back
+// before each direct write (FUSE_DIRECT_IO_ALLOW_MMAP, fs/root.go), so no
+// dirty page lands after one. The buffered writer then writes again over
+// other parts and fsyncs. After unmount qemu-img convert equals the model.
+func TestDirectAfterBuffered(t *testing.T) {
+	harness.RequireFUSE(t)
+	src := qemu.TempDir(t)
+	const size = 16 << 20
+	img := filepath.Join(src, "mix.qcow2")
+	qemu.Create(t, "qcow2", img, "16M")
+	m := harness.Racy.Mount(t, src, "--writable")
+	logMount = m
+	file := filepath.Join(m.Dir, "mix.raw")
+	buffered, err := os.OpenFile(file, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buffered.Close()
+	model := make([]byte, size)
+	fill := func(b []byte, off int64, tag byte) {
+		for i := range b {
+			b[i] = byte((off+int64(i))/512) ^ tag
+		}
+	}
+	all := make([]byte, size)
+	fill(all, 0, 0xa5)
+	if _, err := buffered.WriteAt(all, 0); err != nil {
+		t.Fatal(err)
+	}
+	copy(model, all)
+
+	const writers = 4
+	directWriters(t, file, writers, func(w int, f *os.File, buf []byte) error {
+		quarter := int64(size / writers)
+		for i := range 32 {
+			// Every other 64 KiB block of the writer's quarter.
+			off := int64(w)*quarter + int64(i)*2*(64<<10)
+			if off+64<<10 > int64(w+1)*quarter {
+				break
+			}
+			fill(buf, off, byte(0x10+w))
+			if _, err := f.WriteAt(buf, off); err != nil {
+				return fmt.Errorf("writer %d: write at %d: %w", w, off, err)
+			}
+			copy(model[off:], buf) // each writer has its own quarter
+		}
+		return nil
+	})
+	// The buffered writer again, over the blocks the direct writers left.
+	part := make([]byte, 64<<10)
+	for off := int64(64 << 10); off < size; off += 4 * (64 << 10) {
+		fill(part, off, 0x3c)
+		if _, err := buffered.WriteAt(part, off); err != nil {
+			t.Fatal(err)
+		}
+		copy(model[off:], part)
+	}
+	if err := buffered.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, size)
+	if _, err := buffered.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if i := harness.FirstDiff(got, model); i >= 0 {
+		t.Fatalf("the mount reads differently from the model at byte %d", i)
+	}
+	buffered.Close()
+	m.Unmount(t)
+	qemu.CheckClean(t, img)
+	after, err := os.ReadFile(qemu.ToRaw(t, img, filepath.Join(t.TempDir(), "mix.raw")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := harness.FirstDiff(after, model); i >= 0 {
+		t.Fatalf("qemu-img convert differs from the model at byte %d (%#x, want %#x): a dirty page written back over a direct write?", i, after[i], model[i])
+	}
+}
