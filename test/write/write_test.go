@@ -204,9 +204,11 @@ func TestWriteThroughMount(t *testing.T) {
 
 // TestWritableMountRules: in a writable mount, snapshots, plain files and
 // the backing file of another image stay read-only (EROFS), images that
-// cannot be written safely are shown read-only with a log line and stay
-// unchanged, O_TRUNC and shrinking are refused, and without --writable
-// nothing is writable.
+// cannot be written safely (a dirty one, one whose persistent bitmap is in
+// use, one whose bitmaps extension is invalid) are shown read-only with a
+// log line and stay unchanged, O_TRUNC and shrinking are refused, and
+// without --writable nothing is writable. An image with valid bitmaps is
+// writable.
 func TestWritableMountRules(t *testing.T) {
 	harness.RequireFUSE(t)
 	src := qemu.TempDir(t)
@@ -220,12 +222,21 @@ func TestWritableMountRules(t *testing.T) {
 	dirty := filepath.Join(src, "dirty.qcow2")
 	qemu.Create(t, "qcow2", dirty, "8M", "-o", "lazy_refcounts=on")
 	qemu.SetIncompatible(t, dirty, 1)
-	bitmaps := filepath.Join(src, "bitmaps.qcow2")
-	qemu.Create(t, "qcow2", bitmaps, "8M")
-	qemu.Img(t, "bitmap", "--add", bitmaps, "b0")
+	bitmap := func(name string) string {
+		p := filepath.Join(src, name)
+		qemu.Create(t, "qcow2", p, "8M")
+		qemu.Img(t, "bitmap", "--add", p, "b0")
+		return p
+	}
+	bitmap("bitmaps.qcow2")
+	inUse := bitmap("inuse.qcow2")
+	_, _, dirOff, _ := qemu.BitmapDirectory(t, inUse)
+	qemu.PatchU(t, inUse, dirOff+12, 4, 3) // flags: in_use, auto
+	invalid := bitmap("invalid.qcow2")
+	qemu.PatchU(t, invalid, qemu.HeaderAutoclearFeatures, 8, 0)
 	os.WriteFile(filepath.Join(src, "notes.txt"), []byte("hello\n"), 0o644)
 	before := map[string][32]byte{}
-	for _, p := range []string{base, dirty, bitmaps} {
+	for _, p := range []string{base, dirty, inUse, invalid} {
 		before[p] = fileSHA(t, p)
 	}
 
@@ -238,7 +249,7 @@ func TestWritableMountRules(t *testing.T) {
 	m := harness.Mount(t, src, "--writable")
 	for name, want := range map[string]syscall.Errno{
 		"vm@snap.raw": syscall.EROFS, "notes.txt": syscall.EROFS, "base.raw": syscall.EROFS,
-		"dirty.raw": syscall.EROFS, "bitmaps.raw": syscall.EROFS,
+		"dirty.raw": syscall.EROFS, "inuse.raw": syscall.EROFS, "invalid.raw": syscall.EROFS,
 	} {
 		f, err := os.OpenFile(filepath.Join(m.Dir, name), os.O_WRONLY, 0)
 		if err == nil {
@@ -252,7 +263,7 @@ func TestWritableMountRules(t *testing.T) {
 		}
 	}
 	// The writable ones really are.
-	for _, name := range []string{"vm.raw", "over.raw"} {
+	for _, name := range []string{"vm.raw", "over.raw", "bitmaps.raw"} {
 		f, err := os.OpenFile(filepath.Join(m.Dir, name), os.O_RDWR, 0)
 		if err != nil {
 			t.Errorf("open %s for writing: %v", name, err)
@@ -274,8 +285,8 @@ func TestWritableMountRules(t *testing.T) {
 		t.Errorf("open with O_TRUNC: %v, want EPERM", err)
 	}
 	log := m.LogText(t)
-	for _, want := range []string{"base.qcow2", "dirty.qcow2", "bitmaps.qcow2"} {
-		if !strings.Contains(log, "image shown read-only") || harness.CountLines(log, "image shown read-only") < 3 || !strings.Contains(log, want) {
+	for _, want := range []string{"base.qcow2", "dirty.qcow2", "inuse.qcow2", "invalid.qcow2"} {
+		if !strings.Contains(log, "image shown read-only") || harness.CountLines(log, "image shown read-only") < 4 || !strings.Contains(log, want) {
 			t.Errorf("the log does not say %s is shown read-only:\n%s", want, log)
 		}
 	}
@@ -287,6 +298,7 @@ func TestWritableMountRules(t *testing.T) {
 	}
 	qemu.CheckClean(t, img)
 	qemu.CheckClean(t, filepath.Join(src, "over.qcow2"))
+	qemu.CheckClean(t, filepath.Join(src, "bitmaps.qcow2"))
 }
 
 // TestWriteLocks: while a raw file is open for writing, qemu cannot open
