@@ -2,11 +2,14 @@ package qcow2_test
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -332,5 +335,68 @@ func TestCreateEncryptedOverlay(t *testing.T) {
 	}
 	if sha(t, base.path) != baseSum {
 		t.Error("the base changed")
+	}
+}
+
+// TestEncryptedInfoAndMap: an image opened with its passphrase describes
+// its encryption as qemu-img info does (the encrypt block, "encrypted"),
+// and maps as qemu-img map with the secrets does: no host offset for an
+// encrypted layer's data, which is ciphertext there.
+func TestEncryptedInfoAndMap(t *testing.T) {
+	qemu.Require(t, "qemu-img", "qemu-io")
+	dir := t.TempDir()
+	for _, e := range encryptedMatrix(t, dir) {
+		t.Run(e.name, func(t *testing.T) {
+			img := openEncrypted(t, e, false)
+			defer img.Close()
+			type encInfo struct {
+				Encrypted      bool `json:"encrypted"`
+				FormatSpecific struct {
+					Data struct {
+						Encrypt map[string]any `json:"encrypt"`
+					} `json:"data"`
+				} `json:"format-specific"`
+			}
+			var us, them encInfo
+			b, _ := json.Marshal(img.Info())
+			json.Unmarshal(b, &us)
+			json.Unmarshal(qemu.Img(t, "info", "--output=json", e.path), &them)
+			if !them.Encrypted || !reflect.DeepEqual(us, them) {
+				t.Errorf("Info: %+v\nqemu-img info: %+v", us, them)
+			}
+			var want []qemu.MapEntry
+			if err := json.Unmarshal(qemu.Img(t, append(e.qemuOpts(t, dir, "map"), "--output=json")...), &want); err != nil {
+				t.Fatal(err)
+			}
+			var got []qemu.MapEntry
+			err := img.MapContext(context.Background(), func(m qcow2.MapEntry) error {
+				got = append(got, qemu.MapEntry{Start: m.Start, Length: m.Length, Depth: m.Depth, Present: m.Present, Zero: m.Zero, Data: m.Data, Offset: m.Offset})
+				return nil
+			})
+			if err != nil || !reflect.DeepEqual(got, want) {
+				gj, _ := json.Marshal(got)
+				wj, _ := json.Marshal(want)
+				t.Errorf("map: %v\n%s\nqemu-img map:\n%s", err, gj, wj)
+			}
+		})
+	}
+}
+
+// TestEncryptedUnsupportedBeforeKey: a cipher the library lacks (serpent)
+// is the reason an image does not open, with or without a passphrase,
+// rather than the missing key.
+func TestEncryptedUnsupportedBeforeKey(t *testing.T) {
+	qemu.Require(t, "qemu-img")
+	dir := t.TempDir()
+	key := filepath.Join(dir, "key")
+	os.WriteFile(key, []byte("pass"), 0o600)
+	p := filepath.Join(dir, "serpent.qcow2")
+	qemu.Img(t, "create", "-q", "-f", "qcow2", "--object", "secret,id=s0,file="+key,
+		"-o", "encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10,encrypt.cipher-alg=serpent-256", p, "1M")
+	for _, pass := range []func(string) []byte{nil, func(string) []byte { return []byte("pass") }} {
+		_, err := qcow2.Open(p, qcow2.Options{Passphrase: pass})
+		if !errors.Is(err, qcow2.ErrUnsupported) || !strings.Contains(err.Error(), `"serpent"`) {
+			t.Errorf("with passphrase %v: %v, want serpent named as unsupported", pass != nil, err)
+		}
 	}
 }
