@@ -135,8 +135,13 @@ func Map(t testing.TB, image string) []MapEntry {
 // end) each.
 func DataRuns(t testing.TB, image string) [][2]int64 {
 	t.Helper()
+	return dataRuns(Map(t, image))
+}
+
+// dataRuns are the extents of a map that are not "zero", merged.
+func dataRuns(m []MapEntry) [][2]int64 {
 	var runs [][2]int64
-	for _, e := range Map(t, image) {
+	for _, e := range m {
 		if e.Zero {
 			continue
 		}
