@@ -106,6 +106,9 @@ func (s *session) setupLog() error {
 // node.
 func (s *session) newRoot() error {
 	c := s.cmd
+	if c.keys != nil {
+		c.keys.OnWarning(func(format string, args ...any) { s.log.Warn(fmt.Sprintf(format, args...)) })
+	}
 	cfg := fs.Config{
 		Source:       c.Source,
 		Image:        c.imageOptions(),
