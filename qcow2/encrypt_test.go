@@ -400,3 +400,57 @@ func TestEncryptedUnsupportedBeforeKey(t *testing.T) {
 		}
 	}
 }
+
+// TestEncryptedTailAfterGrow: a write into the last cluster of an
+// encrypted disk whose size is not a multiple of the cluster writes the
+// cluster's bytes past the end as encrypted zeros, as qemu does; so once
+// qemu grows the disk (qemu-img resize, which writes nothing there) they
+// read as zeros in qemu, and so they do after the library's own grow.
+func TestEncryptedTailAfterGrow(t *testing.T) {
+	qemu.Require(t, "qemu-img")
+	dir := t.TempDir()
+	key := filepath.Join(dir, "key")
+	os.WriteFile(key, []byte("pass"), 0o600)
+	const size = 24*65536 + 3*512
+	for _, ext := range []string{"off", "on"} {
+		t.Run("extended_l2="+ext, func(t *testing.T) {
+			p := filepath.Join(dir, "tail-"+ext+".qcow2")
+			qemu.Img(t, "create", "-q", "-f", "qcow2", "--object", "secret,id=s0,file="+key,
+				"-o", "encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10,extended_l2="+ext, p, fmt.Sprint(size))
+			e := encImage{name: "tail-" + ext, path: p, secrets: map[string]string{filepath.Base(p): "pass"}}
+			img := openEncrypted(t, e, true)
+			data := bytes.Repeat([]byte{0x5a}, 1000)
+			if _, err := img.WriteAt(data, size-1000); err != nil {
+				t.Fatal(err)
+			}
+			if err := img.Close(); err != nil {
+				t.Fatal(err)
+			}
+			qemu.Img(t, append(e.qemuOpts(t, dir, "resize"), "2M")...)
+			raw := filepath.Join(dir, e.name+".raw")
+			e.qemuRaw(t, dir, raw)
+			b, _ := os.ReadFile(raw)
+			if !bytes.Equal(b[size-1000:size], data) {
+				t.Fatal("the write does not read back in qemu")
+			}
+			if i := bytes.IndexFunc(b[size:], func(r rune) bool { return r != 0 }); i >= 0 {
+				t.Errorf("after qemu-img resize, qemu reads %#x at %d, past the old end %d", b[size+i], size+i, size)
+			}
+			if out, err := e.qemuCheck(t, dir); err != nil {
+				t.Fatalf("qemu-img check: %v\n%s", err, out)
+			}
+			img = openEncrypted(t, e, true)
+			defer img.Close()
+			if err := img.Resize(3 << 20); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, 3<<20-size)
+			if _, err := img.ReadAt(got, size); err != nil {
+				t.Fatal(err)
+			}
+			if i := bytes.IndexFunc(got, func(r rune) bool { return r != 0 }); i >= 0 {
+				t.Errorf("after Resize, %#x at %d", got[i], size+i)
+			}
+		})
+	}
+}
