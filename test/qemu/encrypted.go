@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -252,7 +253,7 @@ func parallel(t testing.TB, jobs map[string]func(testing.TB)) {
 }
 
 // Args are the arguments of qemu-img cmd (or qemu-io, cmd "") for the
-// image given its secrets: one secret object per file of its chain,
+// image (a file, or an http(s) URL) given its secrets: one secret object per file of its chain,
 // written to files in a temporary folder, and --image-opts naming them.
 // extra options are appended to the image's (",backing.backing...").
 func (e EncImage) Args(t testing.TB, cmd string, extra ...string) []string {
@@ -262,6 +263,10 @@ func (e EncImage) Args(t testing.TB, cmd string, extra ...string) []string {
 		args = append(args, cmd)
 	}
 	opts := "driver=qcow2,file.filename=" + e.Path
+	if scheme, _, ok := strings.Cut(e.Path, "://"); ok {
+		// A URL: qemu's curl driver.
+		opts = "driver=qcow2,file.driver=" + scheme + ",file.url=" + e.Path
+	}
 	prefix := ""
 	for i, name := range e.Chain {
 		key := secretFile(t, e.Secrets[name])
