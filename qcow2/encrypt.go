@@ -127,16 +127,36 @@ func (l *layer) unlock(opts *Options) error {
 		l.crypt = &layerCrypt{c: c}
 		return nil
 	}
-	c, err := lh.Unlock(bytes.NewReader(area), pass)
+	var id [32]byte
+	if opts.KeyCache != nil {
+		id = keyID(area, pass)
+		if mk := opts.KeyCache.get(id); mk != nil {
+			c, err := lh.Cipher(mk)
+			clear(mk)
+			if err != nil {
+				return luksError(l.name, off, err)
+			}
+			l.crypt = &layerCrypt{c: c, physical: true, header: lh}
+			return nil
+		}
+	}
+	c, err := unlockLUKS(lh, bytes.NewReader(area), pass)
 	switch {
 	case errors.Is(err, luks.ErrWrongPassphrase):
 		return &KeyError{File: l.name}
 	case err != nil:
 		return luksError(l.name, off, err)
 	}
+	if opts.KeyCache != nil {
+		opts.KeyCache.put(id, c.MasterKey())
+	}
 	l.crypt = &layerCrypt{c: c, physical: true, header: lh}
 	return nil
 }
+
+// unlockLUKS is luks.Header.Unlock, the PBKDF2 work of an open; tests
+// count its calls (export_test.go).
+var unlockLUKS = (*luks.Header).Unlock
 
 // luksError names the file in an error of package luks: a malformed
 // header is corrupt, a cipher it does not implement unsupported.

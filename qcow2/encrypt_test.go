@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/qcowfs/qcowfs/luks"
 	"github.com/qcowfs/qcowfs/qcow2"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
@@ -452,5 +453,91 @@ func TestEncryptedTailAfterGrow(t *testing.T) {
 				t.Errorf("after Resize, %#x at %d", got[i], size+i)
 			}
 		})
+	}
+}
+
+// TestKeyCache: an image opened again with a KeyCache is not unlocked
+// again (no PBKDF2: the unlocks are counted) and reads what was written; a
+// second image under the same passphrase is unlocked for itself; a wrong
+// passphrase is still refused (and not remembered); after Close the cache
+// remembers nothing and the image is unlocked afresh.
+func TestKeyCache(t *testing.T) {
+	dir := t.TempDir()
+	data := bytes.Repeat([]byte("cached "), 1000)
+	pass := func(string) []byte { return []byte("pass") }
+	var paths []string
+	for _, name := range []string{"a.qcow2", "b.qcow2"} {
+		p := filepath.Join(dir, name)
+		enc := &qcow2.Encryption{Passphrase: []byte("pass"), Params: luks.Params{Iterations: 1000, MKDigestIter: 1000}}
+		if err := qcow2.Create(p, qcow2.CreateOptions{Size: 1 << 20, Encrypt: enc}); err != nil {
+			t.Fatal(err)
+		}
+		w, err := qcow2.OpenWritableFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := qcow2.NewImage(w, qcow2.Options{Writable: true, Passphrase: pass})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := img.WriteAt(data, 4096); err != nil {
+			t.Fatal(err)
+		}
+		if err := img.Close(); err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, p)
+	}
+	kc := qcow2.NewKeyCache()
+	unlocks := qcow2.CountUnlocks(t)
+	open := func(p string, pass func(string) []byte) error {
+		img, err := qcow2.Open(p, qcow2.Options{Passphrase: pass, KeyCache: kc})
+		if err != nil {
+			return err
+		}
+		defer img.Close()
+		got := make([]byte, len(data))
+		if _, err := img.ReadAt(got, 4096); err != nil || !bytes.Equal(got, data) {
+			t.Errorf("%s: read %v, equal %v", filepath.Base(p), err, bytes.Equal(got, data))
+		}
+		return nil
+	}
+	var ke *qcow2.KeyError
+	for _, step := range []struct {
+		what    string
+		path    string
+		pass    func(string) []byte
+		wrong   bool
+		unlocks int64 // the count after the step
+	}{
+		{"first open", paths[0], pass, false, 1},
+		{"opened again", paths[0], pass, false, 1},
+		{"and again", paths[0], pass, false, 1},
+		{"another image, same passphrase", paths[1], pass, false, 2},
+		{"wrong passphrase", paths[0], func(string) []byte { return []byte("wrong") }, true, 3},
+		{"wrong passphrase again", paths[0], func(string) []byte { return []byte("wrong") }, true, 4},
+		{"the right one after the wrong", paths[0], pass, false, 4},
+	} {
+		err := open(step.path, step.pass)
+		switch {
+		case step.wrong && !errors.As(err, &ke):
+			t.Errorf("%s: %v, want a KeyError", step.what, err)
+		case !step.wrong && err != nil:
+			t.Errorf("%s: %v", step.what, err)
+		}
+		if n := unlocks.Load(); n != step.unlocks {
+			t.Errorf("%s: %d unlocks so far, want %d", step.what, n, step.unlocks)
+		}
+	}
+	kc.Close()
+	if err := open(paths[0], pass); err != nil {
+		t.Errorf("after Close: %v", err)
+	}
+	if err := open(paths[0], pass); err != nil {
+		t.Errorf("after Close, again: %v", err)
+	}
+	// A closed cache remembers nothing: both opens unlocked.
+	if n := unlocks.Load(); n != 6 {
+		t.Errorf("after Close: %d unlocks, want 6", n)
 	}
 }

@@ -59,6 +59,9 @@ type mountCmd struct {
 	// process that starts the daemon, which leaves unlocking to it.
 	keys        *keys.Ring
 	daemonizing bool
+	// keyCache keeps the master keys the mount unlocked (nil without
+	// keys), until the mount ends.
+	keyCache *qcow2.KeyCache
 }
 
 func (c *mountCmd) Help() string {
@@ -108,6 +111,10 @@ func (c *mountCmd) Run(inv *invocation) error {
 	}
 	c.keys = ring
 	defer ring.Close()
+	if !ring.Empty() {
+		c.keyCache = qcow2.NewKeyCache()
+		defer c.keyCache.Close()
+	}
 	for _, w := range warnings {
 		fmt.Fprintf(os.Stderr, "qcowfs: warning: %s\n", w)
 	}
@@ -428,7 +435,7 @@ func (c *mountCmd) keyLeftToDaemon(err error) bool {
 // with (the cache aside).
 func (c *mountCmd) imageOptions() qcow2.Options {
 	dirs, _ := splitAllowed(c.AllowBackingOutside)
-	return qcow2.Options{AllowCorrupt: c.AllowCorrupt, AllowedDirs: dirs, Passphrase: passphrases(c.keys)}
+	return qcow2.Options{AllowCorrupt: c.AllowCorrupt, AllowedDirs: dirs, Passphrase: passphrases(c.keys), KeyCache: c.keyCache}
 }
 
 func hasUserAllowOther(conf []byte) bool {
