@@ -17,7 +17,7 @@ type role int
 
 const (
 	subject  role = iota // qcowfs, whose ratios the report gives
-	ref                  // qcowfs built from another git revision (--ref)
+	ref                  // qcowfs built from another git revision (--ref), or with other options
 	peer                 // the other FUSE exports, qemu-img check and map: "best peer"
 	baseline             // no FUSE: the raw file, qemu-img convert and bench, curl
 	probe                // qcowfs under strace: counts, not times; round 1 only
@@ -30,6 +30,7 @@ type contestant struct {
 	id, label string
 	role      role
 	bin       string // $BIN: the program the workload's command runs (qcowfs check, qemu-img check)
+	flags     string // more flags for qcowfs mount
 	// mount makes t's image readable (and with t.writable writable) as
 	// t.file; nil for a contestant that only runs commands.
 	mount  func(e *env, t *target, c *contestant) error
@@ -49,6 +50,8 @@ func contestants(bin string) []*contestant {
 			how: "the image's raw twin (for writes: a fresh raw file) read or written directly: the ceiling"},
 		{id: "qcowfs", label: "qcowfs", role: subject, bin: bin, mount: mountQcowfs,
 			how: "`qcowfs mount [--writable] DIR|URL MNT`, default options; `qcowfs unmount MNT` after the run"},
+		{id: "qcowfs-nowb", label: "qcowfs --no-writeback-cache", role: ref, bin: bin, flags: " --no-writeback-cache", mount: mountQcowfs,
+			how: "qcowfs without the kernel's writeback cache: every buffered write crosses FUSE"},
 		{id: "qemu", label: "qemu export", role: peer, mount: mountQemu(""),
 			how: "`qemu-storage-daemon --blockdev driver=file|http,... --blockdev driver=qcow2,... --export type=fuse,writable=off|on`; " +
 				"read-only=on on both nodes for reads, discard=unmap for writes; SIGTERM after the run"},
@@ -82,7 +85,7 @@ func exposeRaw(e *env, t *target, c *contestant) error {
 // mountQcowfs mounts the folder that holds just the image (every qcowfs
 // build mounts folders), or the URL.
 func mountQcowfs(e *env, t *target, c *contestant) error {
-	src, flags := filepath.Dir(t.img), ""
+	src, flags := filepath.Dir(t.img), c.flags
 	if t.url != "" {
 		src = t.url
 	}

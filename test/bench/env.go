@@ -54,7 +54,7 @@ func newEnv(ctx context.Context, cfg config) (*env, error) {
 	}
 	e := &env{ctx: ctx, cfg: cfg, log: log, lock: lock}
 	e.sweep(cfg.work) // what a run killed outright left behind
-	return e, nil
+	return e, os.RemoveAll(filepath.Join(cfg.work, "run"))
 }
 
 // onClose registers f to run when the bench ends, last registered first.

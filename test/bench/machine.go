@@ -22,16 +22,16 @@ type machine struct {
 	Load     string   `json:"load"`     // the 1-minute load average: before, highest during, after
 }
 
-// first is the first three words of a file or of a command's output.
-func first(name string, args ...string) string {
+// first is the first n words of a file or of a command's output.
+func first(n int, name string, args ...string) string {
 	var b []byte
 	if len(args) == 0 {
 		b, _ = os.ReadFile(name)
 	} else {
 		b, _ = exec.Command(name, args...).CombinedOutput()
 	}
-	f := strings.Fields(strings.TrimSpace(string(b)))
-	return strings.Join(f[:min(len(f), 3)], " ")
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(len(f), n)], " ")
 }
 
 // field is the value of the first "key: value" line of a /proc file.
@@ -52,9 +52,9 @@ func describeMachine(qcowfs string) machine {
 		CPU:    field("/proc/cpuinfo", "model name"),
 		Cores:  runtime.NumCPU(),
 		RAM:    fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20)),
-		Kernel: first("/proc/sys/kernel/osrelease"),
-		Versions: []string{qcowfs, first("qemu-img", "--version"), first("qcowmount", "-V"),
-			first("fio", "--version"), first("nginx", "-v"), first("curl", "--version"), runtime.Version()},
+		Kernel: first(1, "/proc/sys/kernel/osrelease"),
+		Versions: []string{qcowfs, first(3, "qemu-img", "--version"), first(2, "qcowmount", "-V"), first(1, "fio", "--version"),
+			first(3, "nginx", "-v"), first(2, "curl", "--version"), runtime.Version()},
 	}
 }
 
@@ -62,7 +62,7 @@ func describeMachine(qcowfs string) machine {
 // called, which returns "before, highest, after".
 func loadWatch() (stop func() string) {
 	load := func() float64 {
-		v, _ := strconv.ParseFloat(strings.Fields(first("/proc/loadavg") + " 0")[0], 64)
+		v, _ := strconv.ParseFloat(first(1, "/proc/loadavg"), 64)
 		return v
 	}
 	var mu sync.Mutex

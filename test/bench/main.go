@@ -50,7 +50,7 @@ type config struct {
 func main() {
 	var cfg config
 	var only, skip, refs string
-	repo := strings.TrimSpace(first("git", "rev-parse", "--show-toplevel"))
+	repo := first(1, "git", "rev-parse", "--show-toplevel")
 	work := os.Getenv("QCOWFS_BENCH_WORK")
 	if work == "" {
 		work = filepath.Join(repo, ".work", "bench")
@@ -189,7 +189,7 @@ func qcowfsUnderTest(e *env, repo string) (bin, version string, err error) {
 	if _, err := e.sh(`mkdir -p "$(dirname "$B")" && cp "$S" "$B.new" && mv "$B.new" "$B"`, "S="+e.cfg.bin, "B="+bin); err != nil {
 		return "", "", err
 	}
-	return bin, first(bin, "version"), nil
+	return bin, first(2, bin, "version"), nil
 }
 
 // buildRef builds qcowfs at git revision rev in a temporary worktree (once:

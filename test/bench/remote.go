@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -108,6 +109,7 @@ func (t tb) TempDir() string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.e.onClose(func() { os.RemoveAll(d) })
 	return d
 }
 

@@ -168,7 +168,7 @@ func readMeters(t *target) map[string]float64 {
 func parseLines(out string, o *outcome) error {
 	for _, line := range strings.Split(out, "\n") {
 		if note, ok := strings.CutPrefix(line, "# "); ok {
-			o.note = note
+			o.addNote(note)
 		}
 		name, v, ok := strings.Cut(strings.TrimPrefix(line, "@"), " ")
 		if !ok || !strings.HasPrefix(line, "@") {

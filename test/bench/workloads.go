@@ -60,6 +60,17 @@ type outcome struct {
 	note     string
 }
 
+// addNote adds a note to the run's (what a command or check found).
+func (o *outcome) addNote(s string) {
+	switch {
+	case s == "":
+	case o.note == "":
+		o.note = s
+	default:
+		o.note += "; " + s
+	}
+}
+
 // A metric is one number per run, computed from its outcome; ok is false
 // when the run has none.
 type metric struct {
@@ -116,10 +127,12 @@ var (
 	p99  = val("p99 latency", "ms", "p99", 1e-6, true)
 	// The daemon's CPU time (user and system) in the command.
 	cpuPerGiB = metric{name: "daemon CPU per GiB", unit: "s", lower: true, of: func(o *outcome) (float64, bool) {
-		return o.vals["cpu"] / (float64(o.size) / (1 << 30)), o.vals["cpu"] > 0
+		cpu, ok := o.vals["cpu"]
+		return cpu / (float64(o.size) / (1 << 30)), ok
 	}}
 	cpuPerIO = metric{name: "daemon CPU per I/O", unit: "µs", lower: true, of: func(o *outcome) (float64, bool) {
-		return o.vals["cpu"] / o.vals["ios"] * 1e6, o.vals["cpu"] > 0 && o.vals["ios"] > 0
+		cpu, ok := o.vals["cpu"]
+		return cpu / o.vals["ios"] * 1e6, ok && o.vals["ios"] > 0
 	}}
 	// The probe's counts (contestants.go).
 	lseeks  = count("host lseek", "lseek")
@@ -219,7 +232,7 @@ func verifyFirst(script string) func(e *env, t *target, o *outcome, round int) e
 			return nil
 		}
 		out, err := e.sh(script, t.vars...)
-		o.note = tail(out, 1)
+		o.addNote(tail(out, 1))
 		return err
 	}
 }
