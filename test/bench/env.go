@@ -150,7 +150,7 @@ func (e *env) run(j job) exit {
 	case err != nil && e.ctx.Err() != nil && !j.cleanup:
 		x.err = errors.New("interrupted")
 	case err != nil:
-		x.err = fmt.Errorf("%v: %s", err, tail(x.stderr+x.stdout, 3))
+		x.err = fmt.Errorf("%v: %s", err, why(x.stderr+x.stdout))
 	}
 	if x.err != nil {
 		e.logf("  -> %v", x.err)
@@ -162,6 +162,17 @@ func (e *env) run(j job) exit {
 func (e *env) sh(script string, vars ...string) (string, error) {
 	x := e.run(job{script: script, vars: vars})
 	return x.stdout, x.err
+}
+
+// why is the first line of a failed command's output that says "error",
+// or else its last lines.
+func why(out string) string {
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(strings.ToLower(line), "error") {
+			return strings.TrimSpace(line)
+		}
+	}
+	return tail(out, 3)
 }
 
 // tail is the last n non-empty lines of s, on one line.

@@ -239,6 +239,16 @@ func writeReport(path string, rs []*result, refs []*contestant, m machine, round
 		"or the other's rate into its own), above 1 when qcowfs is better; \"> x\": the other was cut off at the workload's limit, so at least x.\n\n%s",
 		rounds, summary(rs, refs))
 	b.WriteString(details(rs))
+	b.WriteString("\n### Contestants\n\n| contestant | how |\n| --- | --- |\n")
+	var seen []*contestant
+	for _, r := range rs {
+		for _, c := range r.who {
+			if !slices.Contains(seen, c) {
+				seen = append(seen, c)
+				fmt.Fprintf(&b, "| %s | %s |\n", c.label, c.how)
+			}
+		}
+	}
 	fmt.Fprintf(&b, "\n### Commands\n\nbash, with the variables of `test/bench/targets.go` (`$FILE` is the contestant's file).\n\n%s", commands(rs))
 	if err := os.WriteFile(path, []byte(head+b.String()), 0o644); err != nil {
 		return err
