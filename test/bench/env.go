@@ -97,7 +97,7 @@ func (e *env) scratch(name string) (string, error) {
 // also inside a pipeline. lap runs a command and prints "@NAME SECONDS",
 // for commands that time parts of themselves (run.go reads @ lines).
 const preamble = `set -eo pipefail
-dropcaches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+dropcaches() { echo 3 > /proc/sys/vm/drop_caches; }
 lap() { local t=${EPOCHREALTIME/./}; eval "$2"; echo "@$1 $(( ${EPOCHREALTIME/./} - t ))e-6"; }
 `
 
@@ -181,8 +181,11 @@ func tail(s string, n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], " | ")
 }
 
+// dropCaches drops the clean page cache, dentries and inodes: the next
+// read of an image comes from the disk, or through its daemon. Not a
+// sync first: the machine's other work may have gigabytes dirty, and the
+// images are not.
 func dropCaches() error {
-	syscall.Sync()
 	return os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0)
 }
 

@@ -56,7 +56,7 @@ func main() {
 		work = filepath.Join(repo, ".work", "bench")
 	}
 	flag.BoolVar(&cfg.quick, "quick", false, "run the quick subset")
-	flag.IntVar(&cfg.runs, "runs", 3, "rounds: runs per contestant")
+	flag.IntVar(&cfg.runs, "runs", 0, "rounds: runs per contestant (default 3, --quick 2)")
 	flag.StringVar(&cfg.work, "work", work, "work folder: the images, runs, logs ($QCOWFS_BENCH_WORK)")
 	flag.StringVar(&cfg.bin, "bin", filepath.Join(repo, "bin", "qcowfs"), "the qcowfs binary to measure")
 	flag.BoolVar(&cfg.build, "build", true, "run `make build` first")
@@ -69,6 +69,12 @@ func main() {
 	flag.Parse()
 	split := func(s string) []string { return strings.FieldsFunc(s, func(r rune) bool { return r == ',' }) }
 	cfg.only, cfg.skip, cfg.refs = split(only), split(skip), split(refs)
+	if cfg.runs == 0 {
+		cfg.runs = 3
+		if cfg.quick {
+			cfg.runs = 2
+		}
+	}
 	if cfg.report == "" {
 		cfg.report = filepath.Join(repo, "docs", "benchmarks.md")
 		if cfg.quick {

@@ -156,7 +156,7 @@ func remoteWorkloads() []*workload {
 			}
 			w.metrics = append(w.metrics, fetched)
 			if w.id == "r-cp-sparse1t-http-20ms" {
-				w.quick = []string{"curl", "convert", "qcowfs"}
+				w.quick = []string{"curl", "qcowfs"}
 			}
 			ws = append(ws, w)
 		}
