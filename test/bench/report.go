@@ -80,6 +80,13 @@ func advantage(m metric, q, o stat) string {
 	return num(r)
 }
 
+func bold(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "**" + s + "**"
+}
+
 // num has three significant digits and no exponent.
 func num(v float64) string {
 	switch a := math.Abs(v); {
@@ -96,14 +103,20 @@ func num(v float64) string {
 // best is the contestant of role with the best median in m (one that
 // only timed out if none finished), or nil.
 func (r *result) best(m metric, want role) *contestant {
+	better := func(s, than stat) bool {
+		switch {
+		case s.bound != than.bound:
+			return !s.bound // a median beats a bound
+		case m.lower:
+			return s.med < than.med
+		}
+		return s.med > than.med
+	}
 	var best *contestant
 	var bs stat
 	for _, c := range r.who {
 		s := summarize(m, r.runs[c.id])
-		if c.role != want || (s.n == 0 && !s.bound) {
-			continue
-		}
-		if best == nil || bs.bound && !s.bound || s.bound == bs.bound && (s.med < bs.med) == m.lower && s.med != bs.med {
+		if c.role == want && (s.n > 0 || s.bound) && (best == nil || better(s, bs)) {
 			best, bs = c, s
 		}
 	}
@@ -112,11 +125,13 @@ func (r *result) best(m metric, want role) *contestant {
 
 // subjectStat is qcowfs's numbers in m, or the probe's for a count.
 func (r *result) subjectStat(m metric) (stat, *contestant) {
-	for _, want := range []role{subject, probe} {
-		for _, c := range r.who {
-			if s := summarize(m, r.runs[c.id]); c.role == want && s.n > 0 {
-				return s, c
-			}
+	want := subject
+	if m.count {
+		want = probe
+	}
+	for _, c := range r.who {
+		if s := summarize(m, r.runs[c.id]); c.role == want && s.n > 0 {
+			return s, c
 		}
 	}
 	return stat{}, nil
@@ -132,16 +147,21 @@ func summary(rs []*result, refs []*contestant) string {
 	}
 	b.WriteString("\n|" + strings.Repeat(" --- |", 7+2*len(refs)) + "\n")
 	for _, r := range rs {
+		var counts []string // the probe's, on one line
 		for _, m := range r.w.metrics {
 			q, qc := r.subjectStat(m)
-			if qc == nil {
+			switch {
+			case qc == nil:
+				continue
+			case m.count:
+				counts = append(counts, m.name+": "+q.show(m))
 				continue
 			}
 			row := fmt.Sprintf("| %s | %s | %s |", r.w.id, m.name, q.show(m))
 			for _, want := range []role{peer, baseline} {
-				if c := r.best(m, want); c != nil && qc.role == subject {
+				if c := r.best(m, want); c != nil {
 					o := summarize(m, r.runs[c.id])
-					row += fmt.Sprintf(" %s: %s | **%s** |", c.label, o.show(m), advantage(m, q, o))
+					row += fmt.Sprintf(" %s: %s | %s |", c.label, o.show(m), bold(advantage(m, q, o)))
 				} else {
 					row += " | |"
 				}
@@ -151,6 +171,9 @@ func summary(rs []*result, refs []*contestant) string {
 				row += fmt.Sprintf(" %s | %s |", o.show(m), advantage(m, q, o))
 			}
 			b.WriteString(row + "\n")
+		}
+		if counts != nil {
+			fmt.Fprintf(&b, "| %s | under strace | %s |%s\n", r.w.id, strings.Join(counts, ", "), strings.Repeat(" |", 4+2*len(refs)))
 		}
 	}
 	return b.String()
@@ -199,7 +222,7 @@ func details(rs []*result) string {
 // commands lists what every workload runs, once per distinct command.
 func commands(rs []*result) string {
 	var order []string
-	ids, title := map[string][]string{}, map[string]string{}
+	ids := map[string][]string{}
 	for _, r := range rs {
 		text := ""
 		for _, p := range [][2]string{{"untimed before: ", r.w.before}, {"", r.w.cmd}, {"untimed after: ", r.w.after}} {
@@ -213,13 +236,13 @@ func commands(rs []*result) string {
 			}
 		}
 		if ids[text] == nil {
-			order, title[text] = append(order, text), r.w.title
+			order = append(order, text)
 		}
 		ids[text] = append(ids[text], r.w.id)
 	}
 	var b strings.Builder
 	for _, text := range order {
-		fmt.Fprintf(&b, "- %s: %s\n%s", strings.Join(ids[text], ", "), title[text], text)
+		fmt.Fprintf(&b, "- %s:\n%s", strings.Join(ids[text], ", "), text)
 	}
 	return b.String()
 }

@@ -17,7 +17,6 @@ type result struct {
 	who    []*contestant
 	runs   map[string][]outcome // by contestant id, in round order
 	status map[string]string    // "failed in round 2: ...", "timed out (> 20s) in round 1"
-	took   time.Duration
 }
 
 // measureFunc runs contestant c once on w: env.measure, or a test's fake.
@@ -60,8 +59,7 @@ func runAll(ctx context.Context, ws []*workload, lineup func(*workload) []*conte
 				fmt.Fprintf(log, "   %-22s round %d: %s\n", c.label, round, r.describe(c, o, err))
 			}
 		}
-		r.took = time.Since(start)
-		fmt.Fprintf(log, "   took %s\n", r.took.Round(time.Second))
+		fmt.Fprintf(log, "   took %s\n", time.Since(start).Round(time.Second))
 		if ctx.Err() != nil {
 			break
 		}
