@@ -199,9 +199,9 @@ func details(rs []*result) string {
 				}
 			}
 			var rss int64
-			for _, o := range r.runs[c.id] {
+			for i, o := range r.runs[c.id] {
 				rss = max(rss, o.rss)
-				if o.note != "" && !slices.Contains(notes, o.note) {
+				if i == 0 && o.note != "" { // the first run's: its checks
 					notes = append(notes, o.note)
 				}
 			}
