@@ -16,9 +16,18 @@
 //     cleanup; images.go: the test images; remote.go: the servers
 //   - report.go, machine.go: statistics, the report and its raw numbers
 //
-// To add a contestant, give it a row in contestants (a mount function, or
-// commands of its own in the workloads' own maps) and name it in the
-// workloads' who; to add a workload, add a row to a table.
+// A workload is a row of data: its image, its contestants, a bash command
+// on $FILE (and commands of their own for contestants without a mount),
+// what runs untimed before and after, its check, its metrics. A contestant
+// is a row of contestants: a function that mounts an image for one run, or
+// none if the workloads give its commands. So, for example:
+//
+//   - another build of qcowfs: --ref REV;
+//   - qcowfs with other options: a row with flags, as qcowfs-nowb;
+//   - encrypted images: an image recipe with -o encrypt.format=luks, and a
+//     qemu row whose mount adds --object secret and encrypt.key-secret;
+//   - remote overlays: a workload with remote and fresh, its contestants'
+//     mounts given --overlay.
 package main
 
 import (
