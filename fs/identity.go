@@ -181,17 +181,21 @@ type diskID struct {
 	// repeat in a hostile table, table entries cannot.)
 	snap int
 	// part is a partition number of the disk (parts.go): 0 for the
-	// whole disk, partsFolder for the folder of its partitions.
+	// whole disk, partsFolder for the folder of its partitions,
+	// bitmapsFolder for the folder of its bitmap views (bitmaps.go).
 	part int
 }
 
-const partsFolder = -1
+const (
+	partsFolder   = -1
+	bitmapsFolder = -2
+)
 
 // base is the whole disk d is part of.
 func (d diskID) base() diskID { return diskID{key: d.key, gen: d.gen, snap: d.snap} }
 
 // inode is the disk's inode number: the image file's for the image
-// itself; for a snapshot, a partition or a partitions folder, a hash of
+// itself; for a snapshot, a partition or a partitions or bitmaps folder, a hash of
 // the file, snapshot and partition with the top bit set, a range host
 // inode numbers do not reach.
 func (d diskID) inode() uint64 {

@@ -46,6 +46,9 @@ type Config struct {
 	ForceShare bool
 	// NoPartitions hides the STEM.raw.parts folders of partitions.
 	NoPartitions bool
+	// NoBitmapViews hides the STEM.raw.bitmaps folders of changed-blocks
+	// views (bitmaps.go).
+	NoBitmapViews bool
 	// Hint, if set, names what would lift a refusal (a flag of the
 	// command line), for log lines; "" if nothing would.
 	Hint func(err error) string
