@@ -136,6 +136,19 @@ func (t *identities) opened(k fileKey, gen uint64, v version, since uint64) erro
 	return syscall.ESTALE
 }
 
+// busy counts a close of an image of file k by the mount (the writes it
+// makes are the mount's) as an open handle, which closed ends; it reports
+// whether it counted one.
+func (t *identities) busy(k fileKey) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s := t.files[k]; s != nil {
+		s.handles++
+		return true
+	}
+	return false
+}
+
 // closed drops an open handle of file k; v is the file's version now,
 // which the current generation then stands for (our writes changed it).
 func (t *identities) closed(k fileKey, v version) {

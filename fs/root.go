@@ -171,6 +171,8 @@ func NewRoot(cfg Config) (*Root, error) {
 	m := &mount{cfg: cfg, log: cfg.Log, src: src, ids: newIdentities(), usage: newUsageTable(), refused: map[string]error{}, readOnly: map[string]string{}, backing: map[fileKey]string{}, fds: newFDBudget()}
 	m.log.Debug("file descriptors", "limit", m.fds.nofile, "for open images", m.fds.limit, "per folder", m.fds.perFolder)
 	m.reg.images = map[diskID]*openImage{}
+	m.reg.closing = map[fileKey]int{}
+	m.reg.closed = sync.NewCond(&m.reg.mu)
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	// Backing files must stay inside what the user mounted, plus
 	// whatever else the caller allows.
