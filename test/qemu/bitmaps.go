@@ -84,6 +84,38 @@ func ServeBitmap(t testing.TB, image, name string) (opts string, stop func()) {
 	return "driver=nbd,server.type=unix,server.path=" + sock + ",x-dirty-bitmap=qemu:dirty-bitmap:" + name, stop
 }
 
+// ExportsBitmap reports whether qemu-nbd -r -B name exports the image with
+// its bitmap (it listens), or refuses (it exits with an error).
+func ExportsBitmap(t testing.TB, image, name string) bool {
+	t.Helper()
+	Require(t, "qemu-nbd")
+	sock := filepath.Join(t.TempDir(), "nbd.sock")
+	nbd := exec.Command("qemu-nbd", "-r", "-k", sock, "-B", name, "-f", "qcow2", image)
+	if err := nbd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { nbd.Wait(); close(exited) }()
+	defer func() {
+		nbd.Process.Kill()
+		<-exited
+	}()
+	deadline := time.After(20 * time.Second)
+	for {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			return true
+		}
+		select {
+		case <-exited:
+			return false
+		case <-deadline:
+			t.Fatalf("qemu-nbd -B %s %s neither listens nor exits", name, image)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 // NBDFile is the file name qemu-img map prints for what ServeBitmap's
 // opts export: "nbd+unix://?socket=" and the socket's path.
 func NBDFile(opts string) string {
