@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"syscall"
@@ -70,34 +71,37 @@ type bitmapFacts struct {
 }
 
 // readBitmaps lists the bitmaps of img (the image file at path) that get
-// a view, and, by name, why the others do not; a reason not in old (the
-// previous validation's) is logged.
+// a view, and, by name, why the others do not. They are logged in one
+// line (a directory may hold 65,535), unless the previous validation's
+// (old) were the same.
+//
+// A bitmap in use is this mount's own if img is written (an image with a
+// bitmap in use at open opens read-only: Image.ReadOnlyReason), and its
+// view is live; else it is inconsistent, and BitmapView refuses it, as
+// qemu-nbd -B does.
 func (m *mount) readBitmaps(img *qcow2.Image, path string, old map[string]string) ([]bitmapFacts, map[string]string) {
 	var shown []bitmapFacts
 	hidden := map[string]string{}
+	var first string
 	for _, b := range img.Bitmaps() {
-		why := ""
-		if slices.Contains(b.Flags, "in-use") {
-			// In use: a view only if it is ours, live.
-			v, err := img.BitmapView(b.Name)
-			if err == nil {
-				v.Close()
-			} else {
-				why = strings.TrimPrefix(err.Error(), path+": ")
-			}
-		}
 		file := escapeName(b.Name) + ".raw"
-		if why == "" && len(file) > nameMax {
+		why := ""
+		switch {
+		case slices.Contains(b.Flags, "in-use") && !img.Writable():
+			why = "the bitmap is in use: a program writing the image did not close it cleanly, so it may miss writes"
+		case len(file) > nameMax:
 			why = "its escaped name is longer than 255 bytes"
-		}
-		if why == "" {
+		default:
 			shown = append(shown, bitmapFacts{name: b.Name, file: file})
 			continue
 		}
-		hidden[b.Name] = why
-		if old[b.Name] != why {
-			m.log.Warn("bitmap view not shown", "image", path, "bitmap", b.Name, "reason", why)
+		if len(hidden) == 0 {
+			first = b.Name
 		}
+		hidden[b.Name] = why
+	}
+	if len(hidden) > 0 && !maps.Equal(hidden, old) {
+		m.log.Warn("bitmap view not shown", "image", path, "bitmap", first, "reason", hidden[first], "not shown", len(hidden))
 	}
 	return shown, hidden
 }
