@@ -505,6 +505,9 @@ func TestBitmapMapMatchesQemu(t *testing.T) {
 		p := filepath.Join(dir, "in-use.qcow2")
 		qemu.Create(t, "qcow2", p, "8M")
 		qemu.Img(t, "bitmap", "--add", p, "b")
+		if !qemu.ExportsBitmap(t, p, "b") {
+			t.Fatal("qemu-nbd does not export a bitmap that is not in use")
+		}
 		_, _, dirOff, _ := qemu.BitmapDirectory(t, p)
 		qemu.PatchU(t, p, dirOff+12, 4, 3) // flags: in_use, auto
 		if qemu.ExportsBitmap(t, p, "b") {

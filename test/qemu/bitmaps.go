@@ -85,12 +85,13 @@ func ServeBitmap(t testing.TB, image, name string) (opts string, stop func()) {
 }
 
 // ExportsBitmap reports whether qemu-nbd -r -B name exports the image with
-// its bitmap (it listens), or refuses (it exits with an error).
+// its bitmap, which qemu-img map then reads, or refuses it (qemu-nbd
+// listens before it opens the image, and exits with an error).
 func ExportsBitmap(t testing.TB, image, name string) bool {
 	t.Helper()
-	Require(t, "qemu-nbd")
+	Require(t, "qemu-nbd", "qemu-img")
 	sock := filepath.Join(t.TempDir(), "nbd.sock")
-	nbd := exec.Command("qemu-nbd", "-r", "-k", sock, "-B", name, "-f", "qcow2", image)
+	nbd := exec.Command("qemu-nbd", "-t", "-r", "-k", sock, "-B", name, "-f", "qcow2", image)
 	if err := nbd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +105,7 @@ func ExportsBitmap(t testing.TB, image, name string) bool {
 	for {
 		if c, err := net.Dial("unix", sock); err == nil {
 			c.Close()
-			return true
+			break
 		}
 		select {
 		case <-exited:
@@ -114,6 +115,9 @@ func ExportsBitmap(t testing.TB, image, name string) bool {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+	err := exec.Command("qemu-img", "map", "--output=json", "--image-opts",
+		"driver=nbd,server.type=unix,server.path="+sock+",x-dirty-bitmap=qemu:dirty-bitmap:"+name).Run()
+	return err == nil
 }
 
 // NBDFile is the file name qemu-img map prints for what ServeBitmap's
