@@ -57,7 +57,15 @@ type plainHandle struct{ f *os.File }
 var (
 	_ = (gofs.FileReader)((*plainHandle)(nil))
 	_ = (gofs.FileReleaser)((*plainHandle)(nil))
+	_ = (gofs.FilePassthroughFder)((*plainHandle)(nil))
 )
+
+// PassthroughFd hands the source file to the kernel (FUSE passthrough,
+// Linux 6.9 and later, root only): its reads then go straight to the file,
+// never through the daemon, and cost what reading the file costs. Where
+// the kernel or the privileges do not allow it, go-fuse falls back to
+// Read (and stops asking).
+func (h *plainHandle) PassthroughFd() (int, bool) { return int(h.f.Fd()), true }
 
 // Read splices straight from the source file.
 func (h *plainHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {

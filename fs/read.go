@@ -2,6 +2,7 @@ package fs
 
 import (
 	"io"
+	"sync"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -14,10 +15,11 @@ import (
 type ReadPath int
 
 const (
-	// ReadSplice answers reads whose bytes are stored uncompressed (or are
-	// zeros) without copying them through our memory: one host range is a
-	// fuse.ReadResultFd, several ranges and zero runs are spliced into a
-	// pipe. Reads touching compressed clusters are copied. The default.
+	// ReadSplice answers reads of spliceMin bytes or more whose bytes are
+	// stored uncompressed (or are zeros) without copying them through our
+	// memory: one host range is a fuse.ReadResultFd, several ranges and
+	// zero runs are spliced into a pipe. Smaller reads, and reads
+	// touching compressed or encrypted clusters, are copied. The default.
 	ReadSplice ReadPath = iota
 	// ReadCopy reads every request into the request buffer (one copy in,
 	// one copy out to the kernel). Kept as the fallback, and to measure
@@ -29,13 +31,26 @@ const (
 // request more fragmented than that is copied instead.
 const maxSpliceExtents = 32
 
+// spliceMin is the smallest read answered by splicing. A splice costs
+// five system calls and two pipes (ours and go-fuse's: file to pipe, the
+// header into go-fuse's, pipe to pipe, pipe to /dev/fuse), a copy two
+// (pread into the request's buffer, writev to /dev/fuse) and two copies of
+// the bytes; below this size the calls cost more than the bytes (a 4 KiB
+// random read spent three quarters of its daemon CPU in splice calls).
+const spliceMin = 64 << 10
+
 // zeros is a shared source of zero bytes for replies, never written.
 var zeros = make([]byte, 1<<20)
 
 // read answers a read of the image: at most len(dest) bytes at off, and
 // nothing at or past limit (the end of the disk, or of a partition).
 func (m *mount) read(oi *openImage, dest []byte, off, limit int64) (fuse.ReadResult, syscall.Errno) {
-	img := oi.image()
+	return m.readImage(oi, oi.image(), dest, off, limit)
+}
+
+// readImage is read from img, one of oi's images (the original file's, for
+// a bitmap's view: bitmaps.go).
+func (m *mount) readImage(oi *openImage, img *qcow2.Image, dest []byte, off, limit int64) (fuse.ReadResult, syscall.Errno) {
 	limit = min(limit, img.Size())
 	if off >= limit {
 		return fuse.ReadResultData(nil), 0
@@ -46,7 +61,7 @@ func (m *mount) read(oi *openImage, dest []byte, off, limit int64) (fuse.ReadRes
 	// written again meanwhile must not reach this reply, nor an in-place
 	// write tear one of its sectors.
 	pin := img.PinRange(off, size)
-	if m.cfg.ReadPath == ReadSplice {
+	if m.cfg.ReadPath == ReadSplice && size >= spliceMin {
 		rr, err := spliceRead(img, off, size)
 		if err != nil {
 			pin.Release()
@@ -63,8 +78,30 @@ func (m *mount) read(oi *openImage, dest []byte, off, limit int64) (fuse.ReadRes
 		return nil, m.readFailed(oi, off, err)
 	}
 	oi.countRead(int64(n))
-	return fuse.ReadResultData(dest[:n]), 0
+	return sliceResult(dest[:n]), 0
 }
+
+// bytesResult is a reply of bytes in memory that go-fuse writes with one
+// writev: a fuse.ReadResultData is first tried as a splice (a pipe taken,
+// the header written into it, then drained to /dev/null and the pipe's
+// emptiness checked: four wasted system calls per reply) because it lacks
+// the Slices method that sends a reply straight.
+type bytesResult struct{ b [1][]byte }
+
+var bytesResults = sync.Pool{New: func() any { return new(bytesResult) }}
+
+// sliceResult returns a reply of b, which must stay valid until it is sent
+// (the request's buffer does).
+func sliceResult(b []byte) fuse.ReadResult {
+	r := bytesResults.Get().(*bytesResult)
+	r.b[0] = b
+	return r
+}
+
+func (r *bytesResult) Size() int                          { return len(r.b[0]) }
+func (r *bytesResult) Bytes([]byte) ([]byte, fuse.Status) { return r.b[0], fuse.OK }
+func (r *bytesResult) Slices() ([][]byte, fuse.Status)    { return r.b[:], fuse.OK }
+func (r *bytesResult) Done()                              { r.b[0] = nil; bytesResults.Put(r) }
 
 // countRead counts a read answered with n bytes.
 func (oi *openImage) countRead(n int64) {
@@ -149,7 +186,7 @@ func spliceRead(img *qcow2.Image, off, size int64) (fuse.ReadResult, error) {
 		f, hoff, _ := exts[0].Host()
 		return spliceOne(f, hoff, int(size))
 	case hosts == 0 && size <= int64(len(zeros)):
-		return fuse.ReadResultData(zeros[:size]), nil
+		return sliceResult(zeros[:size]), nil
 	}
 	if !aligned {
 		// Every splice into a pipe takes at least one of its slots (a

@@ -249,6 +249,28 @@ func (img *Image) ReadAt(p []byte, off int64) (int, error) {
 	}
 	pin := img.pins.take()
 	defer pin.Release()
+	// Most reads are one extent (a 4 KiB read of a data cluster): read
+	// it without the machinery below, which costs allocations.
+	e, err := img.top.extent(off, int64(len(p)), probeNone)
+	if err != nil {
+		return 0, err
+	}
+	if e.Length < int64(len(p)) || e.Status&StatusCompressed != 0 {
+		return img.readExtents(p, off, want)
+	}
+	if err := e.read(p); err != nil {
+		return 0, err
+	}
+	if len(p) < want {
+		return len(p), io.EOF
+	}
+	return len(p), nil
+}
+
+// readExtents is ReadAt for a range of several extents or compressed
+// clusters, which are inflated in parallel; p is cut at the end of the
+// disk, want is what was asked. The caller holds a pin.
+func (img *Image) readExtents(p []byte, off int64, want int) (int, error) {
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex

@@ -110,15 +110,16 @@ func (s *session) newRoot() error {
 		c.keys.OnWarning(func(format string, args ...any) { s.log.Warn(fmt.Sprintf(format, args...)) })
 	}
 	cfg := fs.Config{
-		Source:       c.Source,
-		Image:        c.imageOptions(),
-		Log:          s.log,
-		ForceShare:   c.ForceShare,
-		NoPartitions: c.NoPartitions,
-		Writable:     c.Writable,
-		Overlay:      c.Overlay,
-		Hint:         c.refusalHint,
-		TestHook:     testHook(),
+		Source:        c.Source,
+		Image:         c.imageOptions(),
+		Log:           s.log,
+		ForceShare:    c.ForceShare,
+		NoPartitions:  c.NoPartitions,
+		NoBitmapViews: c.NoBitmapViews,
+		Writable:      c.Writable,
+		Overlay:       c.Overlay,
+		Hint:          c.refusalHint,
+		TestHook:      testHook(),
 	}
 	if remote.IsURL(c.Source) {
 		client, err := c.client(s.log)

@@ -257,3 +257,41 @@ func TestRootInodeAndDots(t *testing.T) {
 		t.Errorf("the root lists . = %s, sub = %s; stat says %d and %d", d["."], d["sub"], root, sub)
 	}
 }
+
+// TestPlainFilesPassthrough: a plain file of the folder is read through
+// the mount as the kernel reads the file itself (FUSE passthrough, where
+// the kernel offers it): its bytes are the file's, and not one READ
+// request reaches the daemon. Where the kernel does not offer it, the
+// daemon serves the reads (the same bytes).
+func TestPlainFilesPassthrough(t *testing.T) {
+	harness.RequireFUSE(t)
+	src := t.TempDir()
+	want := make([]byte, 4<<20)
+	for i := range want {
+		want[i] = byte(i*7 + i>>12)
+	}
+	os.WriteFile(filepath.Join(src, "plain.bin"), want, 0o644)
+	m := harness.Mount(t, src, "--debug")
+	got, err := os.ReadFile(filepath.Join(m.Dir, "plain.bin"))
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("reading the plain file through the mount: %v, equal %v", err, slices.Equal(got, want))
+	}
+	// Whether the kernel offers passthrough: its INIT request says.
+	offered := false
+	reads := 0
+	for _, line := range strings.Split(m.LogText(t), "\n") {
+		if strings.Contains(line, ": INIT n") && strings.Contains(line, " rx ") {
+			offered = strings.Contains(line, "PASSTHROUGH")
+		}
+		if strings.Contains(line, ": READ n") {
+			reads++
+		}
+	}
+	switch {
+	case offered && reads > 0:
+		t.Errorf("passthrough was set up, yet %d READ requests reached the daemon", reads)
+	case !offered && reads == 0:
+		t.Errorf("no passthrough and no READ requests: what served the bytes?")
+	}
+	t.Logf("passthrough: %v, READ requests: %d", offered, reads)
+}
