@@ -43,6 +43,8 @@ var images = []*image{
 		make: `qemu-img convert -q -W -m 4 -c -f raw -O qcow2 "$RAW" "$DST"`},
 	{name: "zstd", twin: "plain", title: "the plain image compressed with zstd",
 		make: `qemu-img convert -q -W -m 4 -c -o compression_type=zstd -f raw -O qcow2 "$RAW" "$DST"`},
+	{name: "enc", twin: "plain", title: "the plain image encrypted: LUKS, AES-256-XTS plain64, qemu's default PBKDF2 cost",
+		make: `luks qemu-img convert -q -S 0 --object secret,id=s0,file="$KEY" -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.cipher-alg=aes-256,encrypt.cipher-mode=xts -f raw -O qcow2 "$RAW" "$DST"`},
 	{name: "sparse1t", title: "1 TiB, 256 MiB of data in 1 MiB pieces, one every 4 GiB",
 		make: qemuIO(`"$DST" 1T`, `for i in $(seq 0 255); do echo "write -q -P $((i % 255 + 1)) $((i * 4 * 2**30 + (i * 131 % 4000) * 2**20)) 1M"; done`)},
 	{name: "fragback", title: "1 GiB written backwards 64 KiB at a time (host clusters in reverse order)",
@@ -101,7 +103,7 @@ func (e *env) build(name string) error {
 			return err
 		}
 	}
-	if err := e.atomically(dst, im.make, "DST", "RAW="+raw); err != nil {
+	if err := e.atomically(dst, im.make, "DST", "RAW="+raw, "KEY="+e.key()); err != nil {
 		return err
 	}
 	if !exists(raw) {
@@ -127,6 +129,16 @@ func (e *env) atomically(dst, script, name string, vars ...string) error {
 		return fmt.Errorf("building %s: %w", dst, x.err)
 	}
 	return os.Rename(tmp, dst)
+}
+
+// key is the passphrase file of the encrypted images (made once, 0600):
+// qemu reads it as a secret's file=, qcowfs as --key-file.
+func (e *env) key() string {
+	p := filepath.Join(e.cfg.work, "secret.key")
+	if !exists(p) {
+		os.WriteFile(p, []byte("qcowfs bench passphrase"), 0o600)
+	}
+	return p
 }
 
 func exists(p string) bool {
