@@ -12,9 +12,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash"
-	"runtime"
 	"strings"
-	"sync"
 
 	// Legacy algorithms, deprecated for new designs: qemu offers them for
 	// LUKS headers, so existing images may use them.
@@ -227,32 +225,7 @@ func (c *Cipher) Decrypt(buf []byte, sector uint64) { c.crypt(buf, sector, false
 // Encrypt encrypts buf in place, as Decrypt decrypts it.
 func (c *Cipher) Encrypt(buf []byte, sector uint64) { c.crypt(buf, sector, true) }
 
-// parallelPart is the least a CPU is given of a buffer to en- or decrypt:
-// each sector is a cipher text of its own, so a large buffer (a FUSE read
-// of up to 1 MiB, a sequential write) is split between the CPUs, as qemu's
-// qcow2 hands its encryption to a thread pool. A sequential read through
-// a mount is otherwise bound by one CPU's AES (Go's crypto/aes takes one
-// block at a time; about 0.5 GB/s in XTS).
-const parallelPart = 32 << 10
-
 func (c *Cipher) crypt(buf []byte, sector uint64, enc bool) {
-	n := min(runtime.GOMAXPROCS(0), len(buf)/parallelPart)
-	if n < 2 {
-		c.cryptSectors(buf, sector, enc)
-		return
-	}
-	per := (len(buf)/SectorSize + n - 1) / n * SectorSize
-	var wg sync.WaitGroup
-	for off := per; off < len(buf); off += per {
-		part := buf[off:min(off+per, len(buf))]
-		wg.Go(func() { c.cryptSectors(part, sector+uint64(off/SectorSize), enc) })
-	}
-	c.cryptSectors(buf[:per], sector, enc)
-	wg.Wait()
-}
-
-// cryptSectors en- or decrypts buf in place, sector by sector.
-func (c *Cipher) cryptSectors(buf []byte, sector uint64, enc bool) {
 	var ivb [16]byte
 	iv := ivb[:c.niv]
 	for off := 0; off < len(buf); off, sector = off+SectorSize, sector+1 {

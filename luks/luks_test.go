@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -228,42 +227,4 @@ func FuzzParse(f *testing.F) {
 			c.Close()
 		}
 	})
-}
-
-// TestCryptSplit: a buffer large enough to be split between CPUs (here 3,
-// for parts of unequal length) en- and decrypts as it does sector by
-// sector, in every mode, including key material's cut last sector.
-// (TestDecryptsWhatQemuWrote checks a split 64 KiB against qemu.)
-func TestCryptSplit(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(3))
-	for _, s := range []Spec{
-		{CipherAlg: "aes-256", CipherMode: "xts", IvgenAlg: "plain64", HashAlg: "sha256"},
-		{CipherAlg: "aes-128", CipherMode: "cbc", IvgenAlg: "essiv", IvgenHashAlg: "sha256", HashAlg: "sha1"},
-		{CipherAlg: "twofish-256", CipherMode: "ctr", IvgenAlg: "plain", HashAlg: "sha512"},
-	} {
-		_, _, c, err := Create(Params{Spec: s, Iterations: 1000, MKDigestIter: 1000}, []byte("x"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, n := range []int{1<<20 + 7*SectorSize, 96 << 10, 64<<10 + 48} {
-			plain := make([]byte, n)
-			for i := range plain {
-				plain[i] = byte(i * 7 / 3)
-			}
-			whole := append([]byte(nil), plain...)
-			c.Encrypt(whole, 1000)
-			one := append([]byte(nil), plain...)
-			for off := 0; off < n; off += SectorSize {
-				c.cryptSectors(one[off:min(off+SectorSize, n)], 1000+uint64(off/SectorSize), true)
-			}
-			if !bytes.Equal(whole, one) {
-				t.Errorf("%s %d bytes: encrypted whole differs from sector by sector", s.CipherMode, n)
-			}
-			c.Decrypt(whole, 1000)
-			if !bytes.Equal(whole, plain) {
-				t.Errorf("%s %d bytes: does not decrypt back", s.CipherMode, n)
-			}
-		}
-		c.Close()
-	}
 }
