@@ -109,7 +109,7 @@ func (c *Client) Open(ctx context.Context, rawURL string) (*Object, error) {
 		defer c.release(false)
 		var err error
 		m, n, err = c.transfer(ctx, be, 0, [][]byte{buf}, nil, nil)
-		return err
+		return failFast(err)
 	})
 	if err != nil {
 		return fail(err)
