@@ -59,8 +59,13 @@ type Config struct {
 	WritebackCache bool
 	// Overlay, with Writable, is a folder outside the source where the
 	// writes go: the images of the source are only read, and the first
-	// write to one makes its overlay there (overlay.go).
+	// write to one makes its overlay there (overlay.go). Required for a
+	// writable remote source.
 	Overlay string
+	// AcceptChangedBase serves overlays of remote images whose base is
+	// not the version they were made on (overlaybase.go), with a log
+	// line, instead of refusing them.
+	AcceptChangedBase bool
 	// TestHook, if set, is called at named points of the work (tests
 	// use it to crash the daemon there): "overlay-prepared", when an
 	// overlay is written under its temporary name.
@@ -141,8 +146,8 @@ func NewRoot(cfg Config) (*Root, error) {
 	var src tree
 	only := ""
 	if remote.IsURL(cfg.Source) {
-		if cfg.Writable {
-			return nil, fmt.Errorf("%s: remote images are read-only; --writable needs a local source", remote.Redact(cfg.Source))
+		if cfg.Writable && cfg.Overlay == "" {
+			return nil, fmt.Errorf("%s: remote images are written through overlays only; --writable needs --overlay with a URL", remote.Redact(cfg.Source))
 		}
 		rt, name, err := openRemoteTree(cfg)
 		if err != nil {

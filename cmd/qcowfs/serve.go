@@ -60,6 +60,8 @@ type session struct {
 
 	stopControl func() // serve; nil without a control socket
 
+	tempOverlays string // --overlay=temp: the folder of this daemon's overlays
+
 	// undo is what serve releases when it returns, last first: the
 	// remote client, the memory limit, the signal handlers, the CPU
 	// profile.
@@ -116,6 +118,22 @@ func (s *session) newRoot() error {
 		Overlay:      c.Overlay,
 		Hint:         c.refusalHint,
 		TestHook:     testHook(),
+
+		AcceptChangedBase: c.AcceptChangedBase,
+	}
+	if c.Overlay == tempOverlay {
+		dir, err := makeTempOverlayDir()
+		if err != nil {
+			return err
+		}
+		// After the images are closed (shutdown), or if the mount
+		// fails.
+		s.atEnd(func() {
+			if err := os.RemoveAll(dir); err != nil {
+				s.log.Error("removing the throwaway overlays", "folder", dir, "err", err)
+			}
+		})
+		cfg.Overlay, s.tempOverlays = dir, dir
 	}
 	if remote.IsURL(c.Source) {
 		client, err := c.client(s.log)
@@ -220,7 +238,7 @@ func (s *session) serve() {
 		s.say("%s", line)
 	}
 	facts := mountFacts{Source: shownSource(c.Source), Mountpoint: c.Mountpoint, PID: os.Getpid(), Started: s.started, Log: s.dest.where,
-		Writable: c.Writable, Overlay: c.Overlay, Hint: c.refusalHint}
+		Writable: c.Writable, Overlay: s.cfg.Overlay, TempOverlay: s.tempOverlays != "", Hint: c.refusalHint}
 	if c.Writable {
 		facts.CacheMode = "writethrough"
 		if s.cfg.WritebackCache {

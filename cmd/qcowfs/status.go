@@ -38,6 +38,9 @@ type mountStatus struct {
 	Log        string    `json:"log"`
 	Writable   bool      `json:"writable"`
 	Overlay    string    `json:"overlay,omitempty"` // --overlay's folder
+	// TempOverlay says the overlays are throwaway (--overlay=temp):
+	// their folder goes at unmount.
+	TempOverlay bool `json:"temp-overlay,omitempty"`
 	// CacheMode is how a writable mount's buffered writes reach the
 	// images: "writeback" (the kernel's writeback cache) or
 	// "writethrough" (--no-writeback-cache).
@@ -62,6 +65,7 @@ type mountFacts struct {
 	Log                string
 	Writable           bool
 	Overlay, CacheMode string
+	TempOverlay        bool
 	Hint               func(error) string // the flag that shows a refused image
 }
 
@@ -69,7 +73,7 @@ type mountFacts struct {
 // tree's counters).
 func (f mountFacts) status(refused refusalLister, stats func() any) mountStatus {
 	s := mountStatus{Source: f.Source, Mountpoint: f.Mountpoint, PID: f.PID, Started: f.Started, Log: f.Log,
-		Writable: f.Writable, Overlay: f.Overlay, CacheMode: f.CacheMode, Refused: []refusal{}}
+		Writable: f.Writable, Overlay: f.Overlay, TempOverlay: f.TempOverlay, CacheMode: f.CacheMode, Refused: []refusal{}}
 	if refused != nil {
 		m := refused.Refused()
 		for p, err := range m {
@@ -159,6 +163,9 @@ func (s *mountStatus) mode() string {
 	m := "writable, " + s.CacheMode + " cache"
 	if s.Overlay != "" {
 		m += ", overlays in " + s.Overlay
+		if s.TempOverlay {
+			m += " (throwaway: removed at unmount)"
+		}
 	}
 	return m
 }

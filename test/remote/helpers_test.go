@@ -5,6 +5,7 @@ package remote
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -83,4 +84,10 @@ func putFile(t testing.TB, srv *servers.S3Server, bucket, key, path string) {
 func wantRaw(t testing.TB, dir, image string) string {
 	t.Helper()
 	return qemu.ToRaw(t, image, filepath.Join(dir, strings.TrimSuffix(filepath.Base(image), ".qcow2")+".raw"))
+}
+
+// execOut runs a command and returns its output (stdout and stderr).
+func execOut(name string, args ...string) (string, error) {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	return string(out), err
 }
