@@ -84,21 +84,23 @@ uninstall:
 clean:
 	rm -rf bin
 
-# Benchmarks (test/bench): qcowfs side by side with qemu's FUSE export and
-# qcowmount, results in docs/benchmarks.md. Images are built once and kept in
-# .work/bench (QCOWFS_BENCH_WORK=folder to move them); as root, missing
-# packages are installed first. BENCH_FLAGS passes more flags, e.g.
-# BENCH_FLAGS="--only dd-,fio-" or "--runs 7"; see go run ./test/bench -h.
-BENCH_PKGS  := $(TEST_PKGS) qemu-system-common libqcow-utils fio strace time
+# Benchmarks (test/bench): every contestant (qcowfs, qemu's FUSE export,
+# qcowmount, qemu-img, the raw file, curl) on the same work, interleaved, in
+# one run; the report, with the machine and the date, is docs/benchmarks.md.
+# Images are built once and kept in .work/bench (QCOWFS_BENCH_WORK=folder to
+# move them). BENCH_FLAGS passes more flags: "--only dd-,w-", "--skip r-",
+# "--runs 5", "--ref 813bc8e" (qcowfs built from that revision beside it);
+# go run ./test/bench -h lists them, --list the workloads.
+BENCH_PKGS  := $(TEST_PKGS) qemu-system-common libqcow-utils fio strace time curl
 BENCH_FLAGS ?=
 
 .PHONY: bench bench-quick bench-deps
 
-bench-deps:
+bench-deps: deps-go
 	@scripts/deps.sh $(BENCH_PKGS)
 
-bench: bench-deps build        # the full suite, 20 to 27 minutes here (docs/benchmarks.md; BENCH_FLAGS="--skip r-" for about 15)
+bench: bench-deps build        # the full suite, 3 rounds (the time of the last run is in docs/benchmarks.md)
 	$(GO) run ./test/bench --build=false --bin $(BIN) $(BENCH_FLAGS)
 
-bench-quick: bench-deps build  # a subset in under 3 minutes (2m39s here)
+bench-quick: bench-deps build  # a subset in under 3 minutes, to .work/bench/quick/benchmarks.md
 	$(GO) run ./test/bench --quick --build=false --bin $(BIN) $(BENCH_FLAGS)

@@ -108,7 +108,7 @@ func (d *dirNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
 	for _, name := range names {
 		x := s.names[name]
 		mode := uint32(syscall.S_IFREG)
-		if k := x.kind(); k == kindDir || k == kindParts {
+		if k := x.kind(); k == kindDir || k == kindParts || k == kindBitmaps {
 			mode = syscall.S_IFDIR
 		}
 		list = append(list, fuse.DirEntry{Name: name, Mode: mode, Ino: x.disk().inode()})
@@ -150,6 +150,9 @@ func (m *mount) node(x *shown) (gofs.InodeEmbedder, gofs.StableAttr) {
 	case kindParts:
 		stable.Mode = syscall.S_IFDIR
 		return &partsNode{m: m, disk: x}, stable
+	case kindBitmaps:
+		stable.Mode = syscall.S_IFDIR
+		return &bitmapsNode{m: m, disk: x}, stable
 	case kindImage:
 		stable.Mode = syscall.S_IFREG
 		if x.snap != 0 && x.snap <= maxSnapshotTables {
@@ -178,7 +181,7 @@ func (m *mount) fillAttr(a *fuse.Attr, x *shown) (final bool) {
 	case kindDir:
 		a.Mode = e.st.Mode&^0o222&^syscall.S_IFMT | syscall.S_IFDIR
 		return false
-	case kindParts:
+	case kindParts, kindBitmaps:
 		// The image's read permissions, with search where read is.
 		perm := e.st.Mode & 0o444
 		a.Mode = perm | perm>>2 | syscall.S_IFDIR
@@ -217,6 +220,6 @@ func (m *mount) fillAttr(a *fuse.Attr, x *shown) (final bool) {
 // written and is no other image's backing file (which in overlay mode
 // does not matter: only overlays are written).
 func (m *mount) writableDisk(x *shown) bool {
-	return m.cfg.Writable && x.e.kind == kindImage && x.snap == 0 && x.part != partsFolder &&
+	return m.cfg.Writable && x.e.kind == kindImage && x.snap == 0 && x.part >= 0 &&
 		x.e.facts != nil && x.e.facts.writable && (m.cfg.Overlay != "" || m.backingOf(x.e.key) == "")
 }

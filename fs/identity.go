@@ -136,6 +136,19 @@ func (t *identities) opened(k fileKey, gen uint64, v version, since uint64) erro
 	return syscall.ESTALE
 }
 
+// busy counts a close of an image of file k by the mount (the writes it
+// makes are the mount's) as an open handle, which closed ends; it reports
+// whether it counted one.
+func (t *identities) busy(k fileKey) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s := t.files[k]; s != nil {
+		s.handles++
+		return true
+	}
+	return false
+}
+
 // closed drops an open handle of file k; v is the file's version now,
 // which the current generation then stands for (our writes changed it).
 func (t *identities) closed(k fileKey, v version) {
@@ -181,17 +194,21 @@ type diskID struct {
 	// repeat in a hostile table, table entries cannot.)
 	snap int
 	// part is a partition number of the disk (parts.go): 0 for the
-	// whole disk, partsFolder for the folder of its partitions.
+	// whole disk, partsFolder for the folder of its partitions,
+	// bitmapsFolder for the folder of its bitmap views (bitmaps.go).
 	part int
 }
 
-const partsFolder = -1
+const (
+	partsFolder   = -1
+	bitmapsFolder = -2
+)
 
 // base is the whole disk d is part of.
 func (d diskID) base() diskID { return diskID{key: d.key, gen: d.gen, snap: d.snap} }
 
 // inode is the disk's inode number: the image file's for the image
-// itself; for a snapshot, a partition or a partitions folder, a hash of
+// itself; for a snapshot, a partition or a partitions or bitmaps folder, a hash of
 // the file, snapshot and partition with the top bit set, a range host
 // inode numbers do not reach.
 func (d diskID) inode() uint64 {

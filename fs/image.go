@@ -167,6 +167,7 @@ func (n *imageNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.Set
 		return errnoOf(err)
 	}
 	n.m.grown(oi.d, img.Size())
+	n.grewViews()
 	n.m.wrote(oi)
 	return n.Getattr(ctx, f, out)
 }
@@ -287,6 +288,7 @@ func (h *imageHandle) Allocate(ctx context.Context, off, size uint64, mode uint3
 				return n.m.writeFailed(h.oi, o, err)
 			}
 			n.m.grown(h.oi.d, img.Size())
+			n.grewViews()
 			end = n.fileSize(h.oi)
 		}
 		if o < end {
@@ -303,6 +305,7 @@ func (h *imageHandle) Allocate(ctx context.Context, off, size uint64, mode uint3
 				return n.m.writeFailed(h.oi, o, err)
 			}
 			n.m.grown(h.oi.d, img.Size())
+			n.grewViews()
 		}
 	default:
 		return syscall.EOPNOTSUPP

@@ -93,9 +93,11 @@ func assignNames(srcs []string, image []bool) []string {
 	return out
 }
 
-// escapeSnapshot makes a snapshot name or ID usable in a file name: '/',
-// '%', control bytes, and bytes that are not valid UTF-8 become %XX.
-func escapeSnapshot(name string) string {
+// escapeName makes a snapshot name or ID, or a bitmap name (bitmaps.go),
+// usable in a file name: '/', '%', control bytes, and bytes that are not
+// valid UTF-8 become %XX. (Escaping '%' keeps it one to one: no two names
+// give one file name.)
+func escapeName(name string) string {
 	var b strings.Builder
 	for i := 0; i < len(name); {
 		r, size := utf8.DecodeRuneInString(name[i:])
@@ -118,5 +120,5 @@ func snapshotNames(image, id, name string) (preferred, fallback string) {
 	if tag == "" {
 		tag = id
 	}
-	return stem + "@" + escapeSnapshot(tag) + ".raw", stem + "@id-" + escapeSnapshot(id) + ".raw"
+	return stem + "@" + escapeName(tag) + ".raw", stem + "@id-" + escapeName(id) + ".raw"
 }

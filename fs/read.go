@@ -45,7 +45,12 @@ var zeros = make([]byte, 1<<20)
 // read answers a read of the image: at most len(dest) bytes at off, and
 // nothing at or past limit (the end of the disk, or of a partition).
 func (m *mount) read(oi *openImage, dest []byte, off, limit int64) (fuse.ReadResult, syscall.Errno) {
-	img := oi.image()
+	return m.readImage(oi, oi.image(), dest, off, limit)
+}
+
+// readImage is read from img, one of oi's images (the original file's, for
+// a bitmap's view: bitmaps.go).
+func (m *mount) readImage(oi *openImage, img *qcow2.Image, dest []byte, off, limit int64) (fuse.ReadResult, syscall.Errno) {
 	limit = min(limit, img.Size())
 	if off >= limit {
 		return fuse.ReadResultData(nil), 0

@@ -26,17 +26,26 @@ import (
 // Once no user is left, the image is closed, with its cached tables: the
 // next open reads the file afresh.
 //
-// registry.mu guards the map only and is never held across I/O: an image
+// registry.mu guards the maps only and is never held across I/O: an image
 // is opened by its first user outside the lock, and users that come
-// meanwhile wait for that open on the entry's ready channel. One slow or
+// meanwhile wait for that open on the entry's ready channel. Closing is the
+// same the other way: the last user closes the image outside the lock, and
+// an open of the same file (of any generation) meanwhile waits for the
+// close to end (closing), so that it reads what the close wrote: the
+// bitmaps stored and no more in use (else an image of a writable mount
+// would open read-only), the space taken ahead given back (which a writer
+// opened meanwhile could have allocated). The writes of a close are the
+// mount's own: the file's generation stays (identities.busy). One slow or
 // broken image never holds up the others, and one that makes the library
 // panic only fails its own open (the panic is logged with its stack).
 // Open images are counted against the file descriptor budget
 // (fdbudget.go).
 
 type registry struct {
-	mu     sync.Mutex
-	images map[diskID]*openImage // keyed by whole disk (diskID.base)
+	mu      sync.Mutex
+	images  map[diskID]*openImage // keyed by whole disk (diskID.base)
+	closing map[fileKey]int       // images of each file being closed
+	closed  *sync.Cond            // on mu: a close ended
 }
 
 // openImage is one open disk, shared by everything that holds it.
@@ -85,6 +94,10 @@ func (m *mount) acquire(d diskID, rel string) (*openImage, error) {
 	r := &m.reg
 	r.mu.Lock()
 	oi := r.images[d]
+	for oi == nil && r.closing[d.key] > 0 {
+		r.closed.Wait()
+		oi = r.images[d]
+	}
 	if oi != nil {
 		oi.refs++
 		r.mu.Unlock()
@@ -125,11 +138,29 @@ func (m *mount) release(oi *openImage) {
 	if last && r.images[oi.d] == oi {
 		delete(r.images, oi.d)
 	}
-	r.mu.Unlock()
 	if last && oi.orig != nil {
-		oi.close()
-		m.fds.give(oi.rel, oi.fds)
+		r.closing[oi.d.key]++
 	}
+	r.mu.Unlock()
+	if !last || oi.orig == nil {
+		return
+	}
+	ours := oi.orig.Writable() && m.ids.busy(oi.d.key)
+	oi.close()
+	m.fds.give(oi.rel, oi.fds)
+	if ours {
+		v := version{}
+		if st, err := m.src.stat(oi.rel); err == nil && keyOf(&st) == oi.d.key {
+			v = versionOf(&st)
+		}
+		m.ids.closed(oi.d.key, v)
+	}
+	r.mu.Lock()
+	if r.closing[oi.d.key]--; r.closing[oi.d.key] == 0 {
+		delete(r.closing, oi.d.key)
+	}
+	r.closed.Broadcast()
+	r.mu.Unlock()
 }
 
 // image is the image served now.
@@ -440,4 +471,10 @@ func (m *mount) closeAll() {
 			}
 		}
 	}
+	// And the images their last users are closing now.
+	r.mu.Lock()
+	for len(r.closing) > 0 {
+		r.closed.Wait()
+	}
+	r.mu.Unlock()
 }

@@ -46,6 +46,9 @@ type Config struct {
 	ForceShare bool
 	// NoPartitions hides the STEM.raw.parts folders of partitions.
 	NoPartitions bool
+	// NoBitmapViews hides the STEM.raw.bitmaps folders of changed-blocks
+	// views (bitmaps.go).
+	NoBitmapViews bool
 	// Hint, if set, names what would lift a refusal (a flag of the
 	// command line), for log lines; "" if nothing would.
 	Hint func(err error) string
@@ -173,6 +176,8 @@ func NewRoot(cfg Config) (*Root, error) {
 	m := &mount{cfg: cfg, log: cfg.Log, src: src, ids: newIdentities(), usage: newUsageTable(), refused: map[string]error{}, readOnly: map[string]string{}, backing: map[fileKey]string{}, fds: newFDBudget()}
 	m.log.Debug("file descriptors", "limit", m.fds.nofile, "for open images", m.fds.limit, "per folder", m.fds.perFolder)
 	m.reg.images = map[diskID]*openImage{}
+	m.reg.closing = map[fileKey]int{}
+	m.reg.closed = sync.NewCond(&m.reg.mu)
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	// Backing files must stay inside what the user mounted, plus
 	// whatever else the caller allows.

@@ -30,7 +30,8 @@ const (
 	kindDir entryKind = iota
 	kindImage
 	kindPlain
-	kindParts // the folder of a disk's partitions (parts.go)
+	kindParts   // the folder of a disk's partitions (parts.go)
+	kindBitmaps // the folder of a disk's bitmap views (bitmaps.go)
 )
 
 // entry is one source entry, classified.
@@ -61,6 +62,10 @@ type imageFacts struct {
 	used     int64 // space its files take on the host: a first estimate of its data
 	snaps    []snapFacts
 	table    *partition.Table // partitions of the current disk; nil if none shown
+	// bitmaps get views (bitmaps.go); hiddenBitmaps are the others, with
+	// the reasons (logged once).
+	bitmaps       []bitmapFacts
+	hiddenBitmaps map[string]string
 }
 
 type snapFacts struct {
@@ -84,15 +89,18 @@ type refusal struct {
 type shown struct {
 	e     *entry
 	snap  int // 1 + snapshot index; 0 for the image's current state
-	part  int // partsFolder for a disk's partitions folder, a partition's number (parts.go), else 0
+	part  int // partsFolder or bitmapsFolder for a disk's folder of partitions or bitmap views, a partition's number (parts.go), else 0
 	start int64
 	size  int64            // a partition's byte range is [start, start+size)
 	table *partition.Table // partitions folders: the disk's partitions
 }
 
 func (x *shown) kind() entryKind {
-	if x.part == partsFolder {
+	switch x.part {
+	case partsFolder:
 		return kindParts
+	case bitmapsFolder:
+		return kindBitmaps
 	}
 	return x.e.kind
 }
@@ -110,14 +118,17 @@ func (x *shown) disk() diskID {
 // renamed, and another put in its place) must be a new node: otherwise the
 // kernel would be handed the old node, which still resolves the old path.
 // So must a partitions folder whose table changed (its lookups and listing
-// go by the table it was made with), and a partition whose range did (the
-// kernel's cached pages of the old one are of another range).
+// go by the table it was made with), a bitmaps folder whose views did, and
+// a partition whose range did (the kernel's cached pages of the old one are
+// of another range).
 func (x *shown) gen() uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(x.e.rel))
 	switch {
 	case x.part == partsFolder:
 		h.Write([]byte(layout(x.table)))
+	case x.part == bitmapsFolder:
+		h.Write([]byte("\x00bitmaps\x00" + layoutBitmaps(x.e.facts.bitmaps)))
 	case x.part > 0:
 		fmt.Fprintf(h, "\x00%d+%d", x.start, x.size)
 	}
@@ -189,14 +200,17 @@ func (d *dirNode) scan(name string) (*dirScan, error) {
 		check = append(check, x.e)
 	} else {
 		// Not shown: it may be an image a qemu let go of since, or
-		// the partitions folder of a disk that has a table since.
+		// the partitions (or bitmaps) folder of a disk that has a table
+		// (bitmaps) since.
 		for _, e := range cur.entries {
 			if e.locked {
 				check = append(check, e)
 			}
 		}
-		if disk, ok := strings.CutSuffix(name, partsSuffix); ok && cur.names[disk] != nil {
-			check = append(check, cur.names[disk].e)
+		for _, suffix := range []string{partsSuffix, bitmapsSuffix} {
+			if disk, ok := strings.CutSuffix(name, suffix); ok && cur.names[disk] != nil {
+				check = append(check, cur.names[disk].e)
+			}
 		}
 	}
 	changed := false
@@ -427,6 +441,14 @@ func (m *mount) validate(e *entry, old *entry, since uint64) {
 		}
 		f.snaps = append(f.snaps, sf)
 	}
+	if !m.cfg.NoBitmapViews {
+		// The image file's bitmaps (in overlay mode, the original's).
+		var hidden map[string]string
+		if old != nil && old.facts != nil {
+			hidden = old.facts.hiddenBitmaps
+		}
+		f.bitmaps, f.hiddenBitmaps = m.readBitmaps(oi.orig, m.src.abs(e.rel), hidden)
+	}
 	e.facts = f
 	m.usage.request(d, usageJob{rel: e.rel, end: f.size})
 }
@@ -491,7 +513,7 @@ func (m *mount) refusalOf(rel string, err error) *refusal {
 }
 
 // assign gives the folder's entries their shown names (names.go): entries,
-// then snapshots, then partitions folders.
+// then snapshots, then partitions folders, then bitmaps folders.
 func (m *mount) assign(entries map[string]*entry) map[string]*shown {
 	var vis []*entry
 	for _, e := range entries {
@@ -569,6 +591,14 @@ func (m *mount) assign(entries map[string]*entry) map[string]*shown {
 			}
 			out[name] = &shown{e: x.e, snap: x.snap, part: partsFolder, size: x.size, table: t}
 		}
+	}
+	// The folders of bitmap views, of images only (bitmaps.go).
+	for _, x := range images {
+		name := bitmapsName(names[x])
+		if len(x.e.facts.bitmaps) == 0 || !usable(name, taken) {
+			continue
+		}
+		out[name] = &shown{e: x.e, part: bitmapsFolder, size: x.size}
 	}
 	return out
 }

@@ -15,11 +15,13 @@ import (
 // qemu-nbd -B refuses it.
 
 // BitmapView is one bitmap's dirty ranges. It is safe for concurrent use.
+// A live view follows the writer as it grows the disk: its size and bits
+// are the writer's at each call.
 type BitmapView struct {
 	Name        string
 	Granularity int64
-	size        int64 // the disk's size when the view was made
-	words       []atomic.Uint64
+	size        func() int64           // the disk's size
+	words       func() []atomic.Uint64 // the bits, granule by granule
 	release     func()
 }
 
@@ -32,7 +34,8 @@ func (img *Image) BitmapView(name string) (*BitmapView, error) {
 		defer w.mu.Unlock()
 		for _, tb := range w.bitmaps.tracked {
 			if tb.entry.name == name {
-				return &BitmapView{Name: name, Granularity: 1 << tb.entry.granBits, size: l.vsize(), words: tb.words, release: func() {}}, nil
+				return &BitmapView{Name: name, Granularity: 1 << tb.entry.granBits, size: l.vsize,
+					words: func() []atomic.Uint64 { return *tb.bits.Load() }, release: func() {}}, nil
 			}
 		}
 	}
@@ -68,8 +71,9 @@ func (l *layer) loadBitmapView(e *bitmapEntry) (*BitmapView, error) {
 	if err := l.budget.add(n*8, fmt.Sprintf("bitmap %q", e.name)); err != nil {
 		return nil, err
 	}
-	v := &BitmapView{Name: e.name, Granularity: 1 << e.granBits, size: l.vsize(), words: make([]atomic.Uint64, n),
-		release: func() { l.budget.sub(n * 8) }}
+	size, all := l.vsize(), make([]atomic.Uint64, n)
+	v := &BitmapView{Name: e.name, Granularity: 1 << e.granBits, size: func() int64 { return size },
+		words: func() []atomic.Uint64 { return all }, release: func() { l.budget.sub(n * 8) }}
 	perCluster := cs / 8
 	buf := make([]byte, cs)
 	for j, te := range table {
@@ -77,7 +81,7 @@ func (l *layer) loadBitmapView(e *bitmapEntry) (*BitmapView, error) {
 		if first >= n {
 			break
 		}
-		words := v.words[first:min(n, first+perCluster)]
+		words := all[first:min(n, first+perCluster)]
 		switch off := int64(te & bitmapEntryMask); {
 		case off != 0:
 			if err := l.meta.read(buf, off, fmt.Sprintf("bitmap %q data", e.name)); err != nil {
@@ -100,18 +104,19 @@ func (l *layer) loadBitmapView(e *bitmapEntry) (*BitmapView, error) {
 func (v *BitmapView) Close() { v.release() }
 
 // Size is the disk's size the view covers.
-func (v *BitmapView) Size() int64 { return v.size }
+func (v *BitmapView) Size() int64 { return v.size() }
 
 // next returns the first offset at or after off in a granule whose bit is
 // set (dirty) or clear, or the size if there is none.
 func (v *BitmapView) next(off int64, dirty bool) int64 {
-	if off >= v.size {
-		return v.size
+	size, words := v.size(), v.words() // (a grow replaces the bits before the size)
+	if off >= size {
+		return size
 	}
 	g := int64(bits.TrailingZeros64(uint64(v.Granularity)))
 	i := off >> g
-	for w := i / 64; w < int64(len(v.words)); w++ {
-		word := v.words[w].Load()
+	for w := i / 64; w < int64(len(words)); w++ {
+		word := words[w].Load()
 		if !dirty {
 			word = ^word
 		}
@@ -120,10 +125,10 @@ func (v *BitmapView) next(off int64, dirty bool) int64 {
 		}
 		if word != 0 {
 			at := (w*64 + int64(bits.TrailingZeros64(word))) << g
-			return min(max(at, off), v.size)
+			return min(max(at, off), size)
 		}
 	}
-	return v.size
+	return size
 }
 
 // NextDirty returns the first offset at or after off that the bitmap says

@@ -35,16 +35,18 @@ import (
 
 // trackedBitmap is an enabled bitmap the writer keeps true.
 type trackedBitmap struct {
-	entry   *bitmapEntry
-	table   []uint64        // its bitmap table, as on disk
-	words   []atomic.Uint64 // its bits, granule by granule
+	entry *bitmapEntry
+	table []uint64 // its bitmap table, as on disk
+	// bits are its bits, granule by granule: replaced (under w.mu) when
+	// the disk grows, read without w.mu by live views (bitmapview.go).
+	bits    atomic.Pointer[[]atomic.Uint64]
 	changed []atomic.Uint64 // one bit per table entry changed since the last store
 	tableLo int             // the table's dirty entries [tableLo, tableHi)
 	tableHi int
 }
 
 // bitmapState is the writer's bitmaps, guarded by w.mu (the bits are
-// atomic: mark runs without it).
+// atomic: views read them without it).
 type bitmapState struct {
 	dir     []bitmapEntry
 	tracked []*trackedBitmap
@@ -101,11 +103,12 @@ func (w *writer) loadBitmap(e *bitmapEntry) (*trackedBitmap, error) {
 		return nil, err
 	}
 	w.bitmaps.charged += n * 8
-	tb := &trackedBitmap{entry: e, table: table, words: make([]atomic.Uint64, n),
-		changed: make([]atomic.Uint64, (len(table)+63)/64)}
+	all := make([]atomic.Uint64, n)
+	tb := &trackedBitmap{entry: e, table: table, changed: make([]atomic.Uint64, (len(table)+63)/64)}
+	tb.bits.Store(&all)
 	buf := make([]byte, cs)
 	for j, te := range table {
-		words := tb.words[int64(j)*perCluster : int64(j+1)*perCluster]
+		words := all[int64(j)*perCluster : int64(j+1)*perCluster]
 		switch off := int64(te & bitmapEntryMask); {
 		case off != 0:
 			if err := l.meta.read(buf, off, fmt.Sprintf("bitmap %q data", e.name)); err != nil {
@@ -151,24 +154,25 @@ func (w *writer) setInUse(on bool) error {
 }
 
 // mark sets the bits of every tracked bitmap for guest range [off,
-// off+n). It takes no lock.
+// off+n). The caller holds w.mu (start).
 func (w *writer) mark(off, n int64) {
 	if n <= 0 {
 		return
 	}
 	cs := w.l.clusterSize()
 	for _, tb := range w.bitmaps.tracked {
+		words := *tb.bits.Load()
 		g := tb.entry.granBits
 		first, last := off>>g, (off+n-1)>>g
 		for i := first; i <= last; {
 			word := i / 64
-			if word >= int64(len(tb.words)) {
+			if word >= int64(len(words)) {
 				break
 			}
 			hi := min(last, word*64+63)
 			mask := ^uint64(0) >> (63 - (hi - word*64)) &^ (uint64(1)<<(i-word*64) - 1)
-			if tb.words[word].Load()&mask != mask {
-				tb.words[word].Or(mask)
+			if words[word].Load()&mask != mask {
+				words[word].Or(mask)
 				j := word * 8 / cs // the table entry of this word
 				tb.changed[j/64].Or(1 << (j % 64))
 			}
@@ -185,6 +189,7 @@ func (w *writer) storeBitmaps() error {
 	perCluster := cs / 8
 	var buf []byte
 	for _, tb := range w.bitmaps.tracked {
+		words := *tb.bits.Load()
 		for k := range tb.changed {
 			pending := tb.changed[k].Swap(0)
 			for pending != 0 {
@@ -195,7 +200,7 @@ func (w *writer) storeBitmaps() error {
 				}
 				zeros, ones := true, true
 				for i := range perCluster {
-					v := tb.words[int64(j)*perCluster+i].Load()
+					v := words[int64(j)*perCluster+i].Load()
 					binary.LittleEndian.PutUint64(buf[8*i:], v)
 					zeros, ones = zeros && v == 0, ones && v == ^uint64(0)
 				}
@@ -279,11 +284,11 @@ func (w *writer) growBitmaps(size int64) error {
 				}
 				w.bitmaps.charged += more
 				tb.table = append(tb.table, make([]uint64, need-int64(len(tb.table)))...)
-				words := make([]atomic.Uint64, need*cs/8)
-				for k := range tb.words {
-					words[k].Store(tb.words[k].Load())
+				words, old := make([]atomic.Uint64, need*cs/8), *tb.bits.Load()
+				for k := range old {
+					words[k].Store(old[k].Load())
 				}
-				tb.words = words
+				tb.bits.Store(&words)
 				changed := make([]atomic.Uint64, (need+63)/64)
 				for k := range tb.changed {
 					changed[k].Store(tb.changed[k].Load())

@@ -1,12 +1,15 @@
 package qcow2_test
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/qcowfs/qcowfs/qcow2"
@@ -98,6 +101,12 @@ func TestBitmapsKeptTrue(t *testing.T) {
 			if info := string(qemu.Img(t, "info", "-U", p)); strings.Count(info, "in-use") != 2 {
 				t.Fatalf("the two enabled bitmaps are not in use while the image is written:\n%s", info)
 			}
+			// A live view made before the grow follows it.
+			early, err := img.BitmapView("b64k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer early.Close()
 			// A grow past what the tables hold: 64 GiB needs two 64 KiB
 			// data clusters at 64 KiB granularity (room in the table's
 			// cluster), and 256 at 512 B clusters (a new table).
@@ -116,6 +125,9 @@ func TestBitmapsKeptTrue(t *testing.T) {
 				if got, want := viewRanges(t, img, name), model[name].ranges(gran[name], size); !slices.Equal(got, want) {
 					t.Errorf("the live view of %s: %v, want %v", name, got, want)
 				}
+			}
+			if got, want := ranges(early), model["b64k"].ranges(gran["b64k"], size); early.Size() != size || !slices.Equal(got, want) {
+				t.Errorf("the live view of b64k made before the grow: %d bytes, %v; want %d, %v", early.Size(), got, size, want)
 			}
 			if err := img.Close(); err != nil {
 				t.Fatal(err)
@@ -191,6 +203,11 @@ func viewRanges(t *testing.T, img *qcow2.Image, name string) [][2]int64 {
 		t.Fatal(err)
 	}
 	defer v.Close()
+	return ranges(v)
+}
+
+// ranges lists the dirty ranges of v.
+func ranges(v *qcow2.BitmapView) [][2]int64 {
 	var out [][2]int64
 	for off := v.NextDirty(0); off < v.Size(); off = v.NextDirty(off) {
 		end := v.NextClean(off)
@@ -198,4 +215,54 @@ func viewRanges(t *testing.T, img *qcow2.Image, name string) [][2]int64 {
 		off = end
 	}
 	return out
+}
+
+// fullDisk is a host file on a full disk while full is set: growing it
+// fails with ENOSPC.
+type fullDisk struct {
+	qcow2.WritableFile
+	full atomic.Bool
+}
+
+func (f *fullDisk) Allocate(off, n int64) error {
+	if f.full.Load() {
+		return syscall.ENOSPC
+	}
+	return f.WritableFile.Allocate(off, n)
+}
+
+// TestBitmapsInUseAfterFailedStart: the first write of an image fails
+// before anything is written (the host disk is full when the file is
+// grown to its last cluster, which qemu leaves cut short); once there is
+// room, the next write must still set the enabled bitmaps in use before
+// it goes ahead: qemu-img info of the file as it is then (a crash) shows
+// them in use.
+func TestBitmapsInUseAfterFailedStart(t *testing.T) {
+	qemu.Require(t, "qemu-img", "qemu-io")
+	dir := t.TempDir()
+	p, _, _ := bitmapImage(t, dir, false)
+	f, err := qcow2.OpenWritableFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := &fullDisk{WritableFile: f}
+	img, err := qcow2.NewImage(full, qcow2.Options{Writable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	full.full.Store(true)
+	if _, err := img.WriteAt(make([]byte, 4096), 1<<20); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("the first write on a full disk: %v, want ENOSPC", err)
+	}
+	full.full.Store(false)
+	if _, err := img.WriteAt(make([]byte, 4096), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := img.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if info := string(qemu.Img(t, "info", "-U", p)); strings.Count(info, "in-use") != 2 {
+		t.Fatalf("the enabled bitmaps are not in use while the image is written:\n%s", info)
+	}
 }

@@ -45,7 +45,10 @@
 //   - prealloc.go: metadata preallocation detection, by refcount block.
 //   - metadata.go: the metadata map, for overlap checks.
 //   - snapshot.go: internal snapshots.
-//   - bitmap.go: persistent bitmaps (located, never used).
+//   - bitmap.go: persistent bitmaps: the directory and tables, where they
+//     lie, what qemu-img info lists.
+//   - bitmapview.go: a bitmap's dirty ranges (BitmapView), live from the
+//     writer or read from the file.
 //   - check.go: the image check, qemu-img check without repairs.
 //   - check_counts.go: the check's reference counts, paged where they fall.
 //   - budget.go: the memory budget for structures an image file sizes.
@@ -78,6 +81,8 @@
 //   - sectorlock.go: whole sectors for reads that race in-place writes.
 //   - behind.go, direct.go: large data writes left in flight, with
 //     O_DIRECT.
+//   - bitmapwrite.go: persistent bitmaps kept true by writes (in_use,
+//     bits, their store in the flush order, growth).
 //
 // Hostile input: every offset and length read from a file is checked
 // before it is added to anything; every structure is within qemu's limits

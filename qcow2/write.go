@@ -45,10 +45,9 @@ func (img *Image) WriteAt(p []byte, off int64) (int, error) {
 		p = p[:size-off]
 	}
 	w.st.writes.Add(1)
-	if err := w.start(); err != nil {
+	if err := w.start(off, int64(len(p))); err != nil {
 		return 0, err
 	}
-	w.mark(off, int64(len(p)))
 	var done int
 	var err error
 	if w.l.crypt != nil {
@@ -75,18 +74,32 @@ func (img *Image) readOnly() error {
 
 // start checks that writes may go on, and before the first one clears
 // the autoclear bits the writer does not maintain (as the specification
-// asks of a program that does not understand them).
-func (w *writer) start() error {
+// asks of a program that does not understand them) and sets the enabled
+// bitmaps in_use. Then it sets their bits for the guest range [off,
+// off+n) about to change (n 0: none), under w.mu, so that a resize
+// (growBitmaps, which replaces the bits) cannot lose them. Until the
+// first start succeeds, every start tries again: one that failed (a full
+// host disk) must not let the next write go ahead without in_use.
+func (w *writer) start(off, n int64) error {
 	if err := w.usable(); err != nil {
 		return err
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.modified = true
-	if w.headerCleaned {
-		return nil
+	if !w.headerCleaned {
+		if err := w.cleanHeader(); err != nil {
+			return err
+		}
+		w.headerCleaned = true
 	}
-	w.headerCleaned = true
+	w.mark(off, n)
+	return nil
+}
+
+// cleanHeader prepares the image for its first write (start). The caller
+// holds w.mu.
+func (w *writer) cleanHeader() error {
 	// The last cluster in use may end past the end of the file (qemu
 	// leaves it cut short): the file covers it from now on, so that what
 	// is written in place there reads back (reads clip at the file's
@@ -372,7 +385,7 @@ func (img *Image) Resize(size int64) error {
 	case size > 1<<62:
 		return fmt.Errorf("%s: size %d too large", l.name, size)
 	}
-	if err := w.start(); err != nil {
+	if err := w.start(0, 0); err != nil {
 		return err
 	}
 	w.mu.Lock()

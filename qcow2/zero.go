@@ -36,10 +36,9 @@ func (img *Image) zero(off, n int64, keep bool) error {
 	if n == 0 {
 		return nil
 	}
-	if err := w.start(); err != nil {
+	if err := w.start(off, n); err != nil {
 		return err
 	}
-	w.mark(off, n)
 	l := w.l
 	cs := l.clusterSize()
 	end := off + n

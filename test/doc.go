@@ -7,12 +7,13 @@
 //     status, the mount-helper convention (mount -t, fstab), flags and
 //     options, errors, help; info, map and check against qemu-img.
 //   - read: reading through a mount: bytes, holes and lseek, the tree of
-//     files, snapshots, partitions, loop-mounted guests, images changed
-//     between opens.
+//     files, snapshots, partitions, changed-blocks views of bitmaps,
+//     loop-mounted guests, images changed between opens.
 //   - lock: sharing images with qemu and other mounts by qemu's locks.
 //   - write: writable mounts: writes, the writeback cache, overlays,
 //     guest file systems written through loop devices, ENOSPC, torn
-//     sectors, a daemon killed mid-write.
+//     sectors, a daemon killed mid-write, persistent bitmaps kept true
+//     and the incremental-backup recipe.
 //   - hostile: hostile images and sources: fields at their limits, huge
 //     tables, corrupt clusters, stuck disks, swapped folders, descriptor
 //     and memory bounds.

@@ -34,6 +34,7 @@ type mountCmd struct {
 	AllowBackingOutside []string `placeholder:"DIR" sep:"none" help:"Also follow backing and data files that resolve inside DIR, or for remote images under DIR given as a URL prefix (repeat the flag for more). By default they must lie inside the source folder (or under the source's URL prefix)."`
 	AllowCorrupt        bool     `help:"Serve images qemu marked corrupt (read-only, with a warning in the log)."`
 	NoPartitions        bool     `help:"Do not show the folders of guest partitions (STEM.raw.parts/p1, ...)."`
+	NoBitmapViews       bool     `help:"Do not show the folders of changed-blocks views of persistent dirty bitmaps (STEM.raw.bitmaps/NAME.raw)."`
 	ForceShare          bool     `short:"U" help:"Serve images that another process (a running qemu) has open for writing, like qemu-img -U; their content may change under the reader. Not with --writable."`
 	Writable            bool     `help:"Make the raw files of qcow2 images writable: writes, discards (fstrim), zeroing and growing go into the images, crash-safe (see Writing in the README). Snapshots, partitions of snapshots and plain files stay read-only."`
 	NoWritebackCache    bool     `help:"With --writable: send each buffered write to qcowfs as it is made (write-through) instead of through the kernel's writeback cache. A write across the end of the disk then returns the bytes that fit, and the next one fails with ENOSPC, instead of fsync or close failing; loop-mounted guests and small buffered writes are slower. See Writing in the README."`

@@ -109,15 +109,16 @@ func (s *session) setupLog() error {
 func (s *session) newRoot() error {
 	c := s.cmd
 	cfg := fs.Config{
-		Source:       c.Source,
-		Image:        c.imageOptions(),
-		Log:          s.log,
-		ForceShare:   c.ForceShare,
-		NoPartitions: c.NoPartitions,
-		Writable:     c.Writable,
-		Overlay:      c.Overlay,
-		Hint:         c.refusalHint,
-		TestHook:     testHook(),
+		Source:        c.Source,
+		Image:         c.imageOptions(),
+		Log:           s.log,
+		ForceShare:    c.ForceShare,
+		NoPartitions:  c.NoPartitions,
+		NoBitmapViews: c.NoBitmapViews,
+		Writable:      c.Writable,
+		Overlay:       c.Overlay,
+		Hint:          c.refusalHint,
+		TestHook:      testHook(),
 
 		AcceptChangedBase: c.AcceptChangedBase,
 	}

@@ -11,6 +11,7 @@
 // qemu-made images: qemu is the oracle.
 //
 // Files: info.go (info, human form; raw files), map.go (map, both forms;
-// raw files), check.go (check's summary and exit status), qobject.go
-// (qemu's JSON and its QDict order).
+// raw files), bitmap.go (a persistent bitmap's map, as qemu-img map prints
+// it over qemu-nbd -B), check.go (check's summary and exit status),
+// qobject.go (qemu's JSON and its QDict order).
 package qemuimg

@@ -231,7 +231,7 @@ func must(t *testing.T, err error) {
 
 // images is the test matrix (qemu.StatusMatrix) and images for the fields
 // and forms the matrix lacks: dirty and corrupt bits, bitmaps (one without
-// flags: an empty list), encryption, raw files, a name that JSON must
+// flags: an empty list; one in use), encryption, raw files, a name that JSON must
 // escape, zstd with 1-bit refcounts and an absolute backing name, files
 // too short to be qcow2, a missing backing file.
 func images(t *testing.T, dir string) []qemu.Image {
@@ -253,6 +253,14 @@ func images(t *testing.T, dir string) []qemu.Image {
 	qemu.Img(t, "bitmap", "--add", "--disable", "-g", "512k", bitmaps, "off")
 	qemu.IO(t, bitmaps, "write -P 0x42 0 3M", "write -P 0x43 10M 64k")
 	add("bitmaps", bitmaps)
+	inUse := filepath.Join(dir, "bitmaps-in-use.qcow2")
+	qemu.Create(t, "qcow2", inUse, "16M")
+	qemu.Img(t, "bitmap", "--add", inUse, "on")
+	qemu.Img(t, "bitmap", "--add", "--disable", inUse, "off")
+	qemu.IO(t, inUse, "write -P 0x42 1M 64k")
+	_, _, dirOff, _ := qemu.BitmapDirectory(t, inUse)
+	qemu.PatchU(t, inUse, dirOff+12, 4, 3) // the first bitmap's flags: in_use, auto
+	add("bitmaps-in-use", inUse)
 	for _, format := range []string{"luks", "aes"} {
 		p := filepath.Join(dir, format+".qcow2")
 		qemu.CreateEncrypted(t, p, format)
@@ -402,4 +410,111 @@ func sameCheck(t *testing.T, path string) {
 			same(t, strings.Join(args, " "), qemuImg(t, args...), checkOf(t, path, format, json))
 		}
 	}
+}
+
+// bitmapMapOf prints what qemu-img map [--output=json]
+// --start-offset=start [--max-length=length] prints through qemu-nbd -B
+// name (length < 0: to the end), with file for the export's name.
+func bitmapMapOf(t *testing.T, path, name, file string, start, length int64, json bool) run {
+	img, err := qcow2.Open(path, qcow2.Options{})
+	if err != nil {
+		return failed(err)
+	}
+	defer img.Close()
+	v, err := img.BitmapView(name)
+	if err != nil {
+		return failed(err)
+	}
+	defer v.Close()
+	o := qemuimg.MapOptions{Start: start, End: v.Size(), JSON: json, Compressed: qemuimg.MapPrintsCompressed()}
+	if length >= 0 {
+		o.End = min(o.End, start+length)
+	}
+	var out bytes.Buffer
+	walk := func(fn func(qcow2.MapEntry) error) error { return qemuimg.BitmapMap(v, file, fn) }
+	must(t, qemuimg.WriteMap(&out, walk, o))
+	return run{stdout: out.String()}
+}
+
+// bitmapImages are qemu-made images with persistent bitmaps, and the
+// bitmaps to map: granularities of 512 B, 64 KiB and 1 MiB on a disk whose
+// size is not a multiple of 1 MiB (the last granule is cut), written,
+// discarded and zeroed by qemu-io (which records it), up to the disk's
+// last byte; one disabled after writes, one added after them (clean); an
+// internal snapshot; every granule dirty.
+func bitmapImages(t *testing.T, dir string) map[string][]string {
+	out := map[string][]string{}
+	p := filepath.Join(dir, "bm.qcow2")
+	qemu.Create(t, "qcow2", p, "16896K")
+	for _, b := range []struct{ name, gran string }{{"g512", "512"}, {"g64k", "64k"}, {"g1m", "1M"}, {"off", "64k"}} {
+		qemu.Img(t, "bitmap", "--add", "-g", b.gran, p, b.name)
+	}
+	qemu.IO(t, p, "write -P 1 100k 10k", "write -P 2 3M 4k", "discard 5M 1M", "write -z 8M 64k", "write -P 3 16800K 96K")
+	qemu.Img(t, "bitmap", "--disable", p, "off")
+	qemu.Img(t, "bitmap", "--add", p, "clean")
+	out[p] = []string{"g512", "g64k", "g1m", "off", "clean"}
+	snap := filepath.Join(dir, "snap.qcow2")
+	qemu.Create(t, "qcow2", snap, "8M")
+	qemu.Img(t, "bitmap", "--add", snap, "b")
+	qemu.IO(t, snap, "write -P 1 0 64k")
+	qemu.Img(t, "snapshot", "-c", "s1", snap)
+	qemu.IO(t, snap, "write -P 2 7M 1M")
+	out[snap] = []string{"b"}
+	full := filepath.Join(dir, "full.qcow2")
+	qemu.Create(t, "qcow2", full, "4M")
+	qemu.Img(t, "bitmap", "--add", "-g", "1M", full, "all")
+	qemu.IO(t, full, "write -P 1 0 4M")
+	out[full] = []string{"all"}
+	return out
+}
+
+// TestBitmapMapMatchesQemu: for each bitmap of bitmapImages, BitmapMap
+// printed by WriteMap is what qemu-img map prints through qemu-nbd -B NAME
+// and x-dirty-bitmap, byte for byte (the export's name, in the human form,
+// replaced by the image's), human and JSON, of the whole disk and of
+// ranges: one that starts and ends inside granules, past the end, of no
+// length. A bitmap in use is refused, as qemu-nbd refuses it.
+func TestBitmapMapMatchesQemu(t *testing.T) {
+	qemu.Require(t, "qemu-img", "qemu-io", "qemu-nbd")
+	dir := qemu.TempDir(t)
+	for path, names := range bitmapImages(t, dir) {
+		for _, name := range names {
+			t.Run(filepath.Base(path)+"/"+name, func(t *testing.T) {
+				opts, stop := qemu.ServeBitmap(t, path, name)
+				defer stop()
+				for _, json := range []bool{false, true} {
+					for _, r := range []struct{ start, length int64 }{{0, -1}, {1000, 3000000}, {102500, 16 << 20}, {1 << 40, -1}, {4096, 0}} {
+						args := []string{"map"}
+						if json {
+							args = append(args, "--output=json")
+						}
+						args = append(args, "--start-offset="+fmt.Sprint(r.start))
+						if r.length >= 0 {
+							args = append(args, "--max-length="+fmt.Sprint(r.length))
+						}
+						args = append(args, "--image-opts", opts)
+						q := qemuImg(t, args...)
+						q.stdout = strings.ReplaceAll(q.stdout, qemu.NBDFile(opts), path)
+						same(t, strings.Join(args, " "), q, bitmapMapOf(t, path, name, path, r.start, r.length, json))
+					}
+				}
+			})
+		}
+	}
+	t.Run("in-use", func(t *testing.T) {
+		p := filepath.Join(dir, "in-use.qcow2")
+		qemu.Create(t, "qcow2", p, "8M")
+		qemu.Img(t, "bitmap", "--add", p, "b")
+		if !qemu.ExportsBitmap(t, p, "b") {
+			t.Fatal("qemu-nbd does not export a bitmap that is not in use")
+		}
+		_, _, dirOff, _ := qemu.BitmapDirectory(t, p)
+		qemu.PatchU(t, p, dirOff+12, 4, 3) // flags: in_use, auto
+		if qemu.ExportsBitmap(t, p, "b") {
+			t.Fatal("qemu-nbd exports a bitmap in use")
+		}
+		if us := bitmapMapOf(t, p, "b", p, 0, -1, true); us.code == 0 {
+			t.Errorf("a bitmap in use is mapped:\n%s", us.stdout)
+		}
+	})
 }

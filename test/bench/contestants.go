@@ -1,532 +1,320 @@
 package main
 
 import (
-	"errors"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 )
 
-// A role says how a contestant's numbers are read: qcowfs is the subject;
-// peers are the other FUSE readers of qcow2 ("best peer" is the best of
-// them); baselines do without FUSE (the raw file: the ceiling; qemu-img
-// convert: what a copy costs without any mount).
+// A role says how a contestant's numbers are read.
 type role int
 
 const (
-	subject role = iota
-	peer
-	baseline
+	subject  role = iota // qcowfs, whose ratios the report gives
+	ref                  // qcowfs built from another git revision (--ref), or with other options
+	peer                 // the other FUSE exports, qemu-img check and map: "best peer"
+	baseline             // no FUSE: the raw file, qemu-img convert and bench, curl
+	probe                // qcowfs under strace: counts, not times; round 1 only
 )
 
-// A contestant is one way of reading an image.
+// A contestant is one way of doing a workload's work: a mount that serves
+// the image as a raw file ($FILE), or a command of its own that the
+// workload gives (qemu-img convert, curl, qemu-img bench).
 type contestant struct {
-	id    string
-	label string
-	role  role
-	tool  string // the executable it needs
-	pkg   string // the Debian package that has it
-	// how is the command, for the report; IMG is the qcow2 image, RAW
-	// its raw twin, MNT a mount point, OUT a copy's output. note says
-	// more, in words.
-	how, note string
-	// expose makes im (under root: the work folder or the tmpfs) readable
-	// as a raw file; nil for contestants that only copy (qemu-img
-	// convert).
-	expose func(b *bench, im *image, root string) (*exposure, error)
-	// exposeW makes a write workload's fresh image writable as a raw
-	// file (writes.go); nil for contestants that do not write through a
-	// file (qemu-img bench writes the image itself).
-	exposeW func(b *bench, t *target) (*exposure, error)
-	// howW and noteW describe exposeW for the report, when it differs.
-	howW, noteW string
+	id, label string
+	role      role
+	bin       string // $BIN: the program the workload's command runs (qcowfs check, qemu-img check)
+	flags     string // more flags for qcowfs mount
+	// mount makes t's image readable (and with t.writable writable) as
+	// t.file; nil for a contestant that only runs commands.
+	mount  func(e *env, t *target, c *contestant) error
+	format string // of the fresh images it writes: "raw" for the raw file, else qcow2
+	how    string // for the report
 }
 
-// qemuMallocTuned is the environment of the "tuned" qemu export: qemu
-// allocates a bounce buffer per read, and on this kind of VM the page
-// faults and munmap of buffers above glibc's default mmap threshold cost
-// more than the read itself.
-const qemuMallocTuned = "MALLOC_MMAP_THRESHOLD_=67108864"
+// tunedMalloc is the environment of "qemu export, tuned": qemu allocates a
+// bounce buffer per request, and buffers above glibc's mmap threshold
+// (128 KiB) cost an mmap and a munmap each.
+const tunedMalloc = "MALLOC_MMAP_THRESHOLD_=67108864"
 
-var contestants = []*contestant{
-	{
-		id: "qcowfs", label: "qcowfs", role: subject, tool: "qcowfs",
-		how:    "qcowfs mount --log-file LOG DIR MNT",
-		note:   "DIR holds just the image; the file read is MNT/NAME.raw; `qcowfs unmount MNT` at the end. Default options.",
-		expose: exposeQcowfs,
-		howW:   "qcowfs mount --writable --log-file LOG DIR MNT",
-		noteW:  "Write workloads: the same with --writable; the file written is MNT/NAME.raw.",
-		exposeW: func(b *bench, t *target) (*exposure, error) {
-			return mountQcowfs(b, filepath.Dir(t.img), t.name, "--writable")
-		},
-	},
-	{
-		id: "qemu", label: "qemu export", role: peer, tool: "qemu-storage-daemon", pkg: "qemu-system-common",
-		how:    qemuExportHow(""),
-		note:   qemuNote,
-		expose: func(b *bench, im *image, root string) (*exposure, error) { return exposeQemu(b, im, root, "") },
-		howW:   qemuExportHowW(""),
-		noteW:  qemuNoteW,
-		exposeW: func(b *bench, t *target) (*exposure, error) {
-			return exposeQemuImg(b, t.img, "qemu", "", true)
-		},
-	},
-	{
-		id: "qemu-tuned", label: "qemu export, tuned", role: peer, tool: "qemu-storage-daemon", pkg: "qemu-system-common",
-		how:  qemuExportHow(qemuMallocTuned),
-		note: qemuNote + " glibc's mmap threshold pinned at 64 MiB: no mmap/munmap per read buffer.",
-		expose: func(b *bench, im *image, root string) (*exposure, error) {
-			return exposeQemu(b, im, root, qemuMallocTuned)
-		},
-		howW:  qemuExportHowW(qemuMallocTuned),
-		noteW: qemuNoteW + " The same malloc tuning.",
-		exposeW: func(b *bench, t *target) (*exposure, error) {
-			return exposeQemuImg(b, t.img, "qemu-tuned", qemuMallocTuned, true)
-		},
-	},
-	{
-		id: "qcowmount", label: "qcowmount", role: peer, tool: "qcowmount", pkg: "libqcow-utils",
-		how:    "qcowmount IMG MNT",
-		note:   "It detaches itself; the file read is MNT/qcow1; `fusermount3 -u MNT` at the end.",
-		expose: exposeQcowmount,
-	},
-	{
-		id: "raw", label: "raw file (no FUSE)", role: baseline, tool: "dd", pkg: "coreutils",
-		how:    "RAW",
-		note:   "The raw twin read directly: the same bytes, no FUSE, no qcow2. The ceiling.",
-		expose: exposeRaw,
-		howW:   "RAW",
-		noteW:  "Write workloads: a fresh raw file of the same virtual size (sparse, or fully allocated where the image is), written directly with the same O_DIRECT flags: no FUSE, no qcow2. The ceiling.",
-		exposeW: func(b *bench, t *target) (*exposure, error) {
-			return &exposure{file: t.img}, nil
-		},
-	},
-	{
-		id: "convert", label: "qemu-img convert", role: baseline, tool: "qemu-img", pkg: "qemu-utils",
-		how:  "qemu-img convert -O raw IMG OUT",
-		note: "Copy workloads only; OUT is on the same file system as the copies.",
-	},
-	{
-		id: "qemu-img-bench", label: "qemu-img bench (no FUSE)", role: baseline, tool: "qemu-img", pkg: "qemu-utils",
-		how:  "qemu-img bench -w -t none -f qcow2 ... IMG",
-		note: "Write workloads only: qemu's own write path on the image file, without FUSE (the arguments are in each workload).",
-	},
-	// The remote workloads' contestants (remote.go): URL is the image's
-	// http:// URL, through the bench's proxy.
-	{
-		id: "qcowfs-remote", label: "qcowfs", role: subject, tool: "qcowfs",
-		how:    "qcowfs mount --log-file LOG URL MNT",
-		note:   "Remote workloads: the image's URL mounted; the file read is MNT/NAME.raw. Default options (caches, connections, readahead).",
-		expose: exposeQcowfsRemote,
-	},
-	{
-		id: "qemu-http", label: "qemu export over curl", role: peer, tool: "qemu-storage-daemon", pkg: "qemu-system-common",
-		how: "qemu-storage-daemon --blockdev driver=http,node-name=file0,url=URL,read-only=on " +
-			"--blockdev driver=qcow2,node-name=fmt0,file=file0,read-only=on --export type=fuse,id=exp0,node-name=fmt0,mountpoint=MNT,writable=off",
-		note:   "Remote workloads: qemu's curl driver (package qemu-block-extra) under its FUSE export; the curl driver's defaults (256 KiB readahead).",
-		expose: exposeQemuHTTP,
-	},
-	{
-		id: "convert-http", label: "qemu-img convert over curl", role: baseline, tool: "qemu-img", pkg: "qemu-utils",
-		how:  "qemu-img convert -f qcow2 -O raw URL OUT",
-		note: "Remote copy workloads: qemu's curl driver, no FUSE.",
-	},
-	{
-		id: "curl", label: "curl (whole file)", role: baseline, tool: "curl", pkg: "curl",
-		how:  "curl -sS --fail -o OUT URL",
-		note: "Remote copy workloads: the naive baseline, downloading the whole qcow2 file (which then still needs converting).",
-	},
-	// The check workload's two contestants are commands, not mounts, like
-	// qemu-img convert: measureCheck runs them on the image itself.
-	{
-		id: "qcowfs-check", label: "qcowfs check", role: subject, tool: "qcowfs",
-		how:  "qcowfs check IMG",
-		note: "Check workloads only. Exit 0: clean; like qemu-img check, 2 means corruptions and 3 leaks.",
-	},
-	{
-		id: "qemu-img-check", label: "qemu-img check", role: peer, tool: "qemu-img", pkg: "qemu-utils",
-		how:  "qemu-img check IMG",
-		note: "Check workloads only; the reference qcowfs check follows (same output, same exit statuses).",
-	},
-}
-
-const qemuNote = "MNT is an empty regular file; the daemon runs in the background and is stopped with SIGTERM. " +
-	"read-only=on: two exports and qemu-img convert open the same image, and qemu's image locking refuses a second opener of a read-write node."
-
-const qemuNoteW = "Write workloads: read-write nodes, writable=on; the image is opened by this daemon only. discard=unmap on both nodes: " +
-	"with qemu's default (discard=ignore) fstrim and mkfs's discard are accepted and dropped, and the image gives no space back (measured: 390 MiB before and after fstrim). " +
-	"Stopped with SIGTERM, which flushes and closes the image cleanly."
-
-func qemuExportHowW(env string) string {
-	s := "qemu-storage-daemon --blockdev driver=file,node-name=file0,filename=IMG,aio=threads,discard=unmap " +
-		"--blockdev driver=qcow2,node-name=fmt0,file=file0,discard=unmap " +
-		"--export type=fuse,id=exp0,node-name=fmt0,mountpoint=MNT,writable=on"
-	if env != "" {
-		s = env + " " + s
-	}
-	return s
-}
-
-func qemuExportHow(env string) string {
-	s := "qemu-storage-daemon --blockdev driver=file,node-name=file0,filename=IMG,aio=threads,read-only=on " +
-		"--blockdev driver=qcow2,node-name=fmt0,file=file0,read-only=on " +
-		"--export type=fuse,id=exp0,node-name=fmt0,mountpoint=MNT,writable=off"
-	if env != "" {
-		s = env + " " + s
-	}
-	return s
-}
-
-func contestantByID(id string) *contestant {
-	for _, c := range contestants {
-		if c.id == id {
-			return c
-		}
-	}
-	panic("bench: no contestant " + id)
-}
-
-// An exposure is an image made readable as a file by one contestant.
-type exposure struct {
-	c    *contestant
-	file string // the raw file to read
-	mnt  string // the FUSE mount point, "" for the raw file
-	pid  int    // the daemon's pid, 0 without one
-	// undos tear it down, last first: the first one unmounts the
-	// image; later ones undo what prepare added on top (a loop device,
-	// a guest mount).
-	undos []*undo
-	guest string  // where the guest file system is mounted, if it is
-	t     *target // the image a write workload writes (writes.go)
-	// hung is set once a command on this exposure timed out: it is not
-	// used again and its connection is aborted at teardown.
-	hung bool
-}
-
-// peak returns the daemon's peak RSS so far, or 0 without a daemon.
-func (e *exposure) peak() int64 {
-	if e.pid == 0 {
-		return 0
-	}
-	n, _ := peakRSS(e.pid)
-	return n
-}
-
-// abortExposure returns a func that unblocks whatever waits on the daemon
-// (a reader stuck after a timeout) by aborting the FUSE connection.
-func (b *bench) abortExposure(e *exposure) func() {
-	return func() {
-		e.hung = true
-		if e.mnt != "" {
-			if err := b.abortFUSE(e.mnt); err != nil {
-				fmt.Fprintf(b.log, "abort %s: %v\n", e.mnt, err)
-			}
-		}
+// contestants returns the table; bin is the qcowfs binary measured.
+func contestants(bin string) []*contestant {
+	return []*contestant{
+		{id: "raw", label: "raw file (no FUSE)", role: baseline, mount: exposeRaw, format: "raw",
+			how: "the image's raw twin (for writes: a fresh raw file) read or written directly: the ceiling"},
+		{id: "qcowfs", label: "qcowfs", role: subject, bin: bin, mount: mountQcowfs,
+			how: "`qcowfs mount [--writable] DIR|URL MNT`, default options; `qcowfs unmount MNT` after the run"},
+		{id: "qcowfs-nowb", label: "qcowfs --no-writeback-cache", role: ref, bin: bin, flags: " --no-writeback-cache", mount: mountQcowfs,
+			how: "qcowfs without the kernel's writeback cache: every buffered write crosses FUSE"},
+		{id: "qemu", label: "qemu export", role: peer, mount: mountQemu(""),
+			how: "`qemu-storage-daemon --blockdev driver=file|http,... --blockdev driver=qcow2,... --export type=fuse,writable=off|on`; " +
+				"read-only=on on both nodes for reads, discard=unmap for writes; SIGTERM after the run"},
+		{id: "qemu-tuned", label: "qemu export, tuned", role: peer, mount: mountQemu(tunedMalloc),
+			how: "the same with `" + tunedMalloc + "`: no mmap and munmap per request buffer"},
+		{id: "qcowmount", label: "qcowmount", role: peer, mount: mountQcowmount,
+			how: "libqcow's `qcowmount IMG MNT`, the file MNT/qcow1; `fusermount3 -u` after the run"},
+		{id: "convert", label: "qemu-img convert", role: baseline, how: "`qemu-img convert -f qcow2 -O raw IMG|URL OUT`"},
+		{id: "curl", label: "curl (whole file)", role: baseline, how: "`curl -o OUT URL` of the qcow2 file: the download alone"},
+		{id: "qemu-img-bench", label: "qemu-img bench", role: baseline, how: "`qemu-img bench -w`: qemu's own write path on the image, no FUSE"},
+		{id: "qemu-img", label: "qemu-img", role: peer, bin: "qemu-img", how: "`qemu-img check|map IMG`, the reference"},
+		{id: "qcowfs-strace", label: "qcowfs under strace", role: probe, bin: bin, mount: mountStraced,
+			how: "qcowfs with `strace -f -c -p DAEMON -P IMG` attached for one run (untimed): host calls on the image file"},
 	}
 }
 
-// abortHung aborts the FUSE connection of an exposure whose command timed
-// out, before what was built on it (a guest mount, a loop device) is torn
-// down: unmounting a guest file system waits for the reads still queued on
-// the daemon, which a slow one (qemu's export over curl) answers for
-// minutes, where an aborted connection fails them at once.
-func (b *bench) abortHung(e *exposure) {
-	if !e.hung || e.mnt == "" {
-		return
-	}
-	if err := b.abortFUSE(e.mnt); err != nil {
-		fmt.Fprintf(b.log, "abort %s: %v\n", e.mnt, err)
-	}
+// refContestant is qcowfs built from git revision rev (main.go builds it).
+func refContestant(rev, bin string) *contestant {
+	return &contestant{id: "qcowfs@" + rev, label: "qcowfs " + rev, role: ref, bin: bin, mount: mountQcowfs,
+		how: "qcowfs built from " + rev + ", mounted as qcowfs is"}
 }
 
-// mountDir makes a fresh, empty folder (or, with file, an empty regular
-// file: qemu's FUSE export mounts on a file) for a mount point.
-func (b *bench) mountDir(id string, file bool) (string, error) {
-	b.mu.Lock()
-	b.seq++
-	p := filepath.Join(b.cfg.work, "mnt", fmt.Sprintf("%03d-%s", b.seq, id))
-	b.mu.Unlock()
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return "", err
-	}
-	if file {
-		return p + ".raw", os.WriteFile(p+".raw", nil, 0o644)
-	}
-	return p, os.Mkdir(p, 0o755)
-}
-
-func (b *bench) logPath(name string) string {
-	return filepath.Join(b.cfg.work, "logs", name+".log")
-}
-
-// checkExposed checks that the exposed file has the image's size. It
-// stats through a command with a timeout: a daemon that hangs on its
-// first request must not hang the bench.
-func (b *bench) checkExposed(e *exposure, size int64) error {
-	out, err := b.must(&cmd{name: "stat", args: []string{"-L", "-c", "%s", e.file}, timeout: 30 * time.Second, stuck: b.abortExposure(e)})
-	if err != nil {
-		return err
-	}
-	got, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
-	if err != nil || got != size {
-		return fmt.Errorf("%s has %q bytes, want %d", e.file, strings.TrimSpace(out), size)
+func exposeRaw(e *env, t *target, c *contestant) error {
+	t.file = t.raw
+	if t.writable {
+		t.file = t.img
 	}
 	return nil
 }
 
-func exposeQcowfs(b *bench, im *image, root string) (*exposure, error) {
-	return mountQcowfs(b, filepath.Join(root, "img", im.name), im.name)
-}
-
-// mountQcowfs mounts the folder src, which holds the image name, with the
-// extra flags.
-func mountQcowfs(b *bench, src, name string, flags ...string) (*exposure, error) {
-	mnt, err := b.mountDir("qcowfs", false)
-	if err != nil {
-		return nil, err
+// mountQcowfs mounts the folder that holds just the image (every qcowfs
+// build mounts folders), or the URL.
+func mountQcowfs(e *env, t *target, c *contestant) error {
+	src, flags := filepath.Dir(t.img), c.flags
+	if t.url != "" {
+		src = t.url
 	}
-	e := &exposure{mnt: mnt, file: filepath.Join(mnt, name+".raw")}
-	log := b.logPath(filepath.Base(mnt))
-	exe, args := b.daemonCommand(b.cfg.bin, append(append([]string{"mount"}, flags...), "--log-file", log, src, mnt))
-	c := &cmd{name: exe, args: args, timeout: time.Minute}
-	if len(b.underStrace) > 0 {
-		// The detached tracer holds what the mount command's output
-		// goes to.
-		c.outFile = log + ".mount"
+	if t.writable {
+		flags += " --writable"
 	}
-	_, err = b.must(c)
-	if err != nil {
-		b.forceUnmount(mnt)
-		os.Remove(mnt)
-		return nil, err
+	if t.s3 != "" {
+		flags += " --s3-endpoint " + t.s3
 	}
-	e.pid = findDaemon(filepath.Base(b.cfg.bin), mnt)
-	down := b.push("unmount qcowfs "+mnt, func() error {
-		var errs []error
-		if !e.hung {
-			if _, err := b.must(&cmd{name: b.cfg.bin, args: []string{"unmount", mnt}, timeout: 30 * time.Second, cleanup: true}); err != nil {
-				errs = append(errs, err)
-			}
+	t.mnt = filepath.Join(t.dir, "mnt")
+	if err := os.Mkdir(t.mnt, 0o755); err != nil {
+		return err
+	}
+	vars := append([]string{"BIN=" + c.bin, "SRC=" + src, "MNT=" + t.mnt, "LOG=" + t.dir + "/daemon.log"}, t.vars...)
+	if _, err := e.sh(`"$BIN" mount`+flags+` --log-file "$LOG" "$SRC" "$MNT"`, vars...); err != nil {
+		return err
+	}
+	stem := strings.TrimSuffix(filepath.Base(t.img), ".qcow2")
+	t.file, t.pid = filepath.Join(t.mnt, stem+".raw"), daemonOf(t.mnt)
+	t.down(func() error {
+		if !t.hung {
+			e.sh(`"$BIN" unmount "$MNT"`, vars...)
 		}
-		errs = append(errs, b.forceUnmount(mnt), b.reap(e.pid, "qcowfs"))
-		os.Remove(mnt)
-		return errors.Join(errs...)
+		return e.stopped(t, "qcowfs", 0)
 	})
-	e.undos = []*undo{down}
-	return e, nil
+	return nil
 }
 
-// reap waits for a daemon to exit after its unmount, and kills it if it
-// does not.
-func (b *bench) reap(pid int, what string) error {
-	if pid == 0 || waitGone(pid, 10*time.Second) {
+// daemonOf is the process serving the mount at mnt: the one with mnt as
+// an argument.
+func daemonOf(mnt string) int {
+	if pids := pidsNaming(mnt + "\x00"); len(pids) > 0 {
+		return pids[0]
+	}
+	return 0
+}
+
+// stopped unmounts t.mnt if its daemon has not, and waits for the daemon
+// to exit (a writable image is closed then), sending sig first if not 0.
+func (e *env) stopped(t *target, what string, sig syscall.Signal) error {
+	if sig != 0 && t.pid != 0 {
+		syscall.Kill(t.pid, sig)
+	}
+	if t.pid == 0 || waitGone(t.pid, 30*time.Second) {
+		e.forceUnmount(t.mnt)
 		return nil
 	}
-	syscall.Kill(pid, syscall.SIGKILL)
-	if waitGone(pid, 5*time.Second) {
-		return fmt.Errorf("%s daemon %d did not exit after its unmount; killed", what, pid)
-	}
-	return fmt.Errorf("%s daemon %d survives SIGKILL", what, pid)
+	e.forceUnmount(t.mnt)
+	syscall.Kill(t.pid, syscall.SIGKILL)
+	return fmt.Errorf("%s daemon %d did not exit within 30 s; killed", what, t.pid)
 }
 
-func exposeQemu(b *bench, im *image, root, env string) (*exposure, error) {
-	id := "qemu"
-	if env != "" {
-		id = "qemu-tuned"
-	}
-	return exposeQemuImg(b, filepath.Join(root, "img", im.name, im.name+".qcow2"), id, env, false)
-}
-
-// exposeQemuImg exports img with qemu-storage-daemon, read-only or
-// writable.
-func exposeQemuImg(b *bench, img, id, env string, writable bool) (*exposure, error) {
-	node := "driver=file,node-name=file0,filename=" + img + ",aio=threads,read-only=on"
-	if writable {
-		node = "driver=file,node-name=file0,filename=" + img + ",aio=threads,discard=unmap"
-	}
-	return exposeQemuNode(b, id, env, node, writable)
-}
-
-// exposeQemuNode exports a qcow2 node over the protocol node fileNode
-// (named file0: a local file, or an HTTP URL).
-func exposeQemuNode(b *bench, id, env, fileNode string, writable bool) (*exposure, error) {
-	file, err := b.mountDir(id, true)
-	if err != nil {
-		return nil, err
-	}
-	// read-only=on: during a read workload the same image is open in two
-	// exports (default and tuned) and in qemu-img convert; a read-write
-	// node would take qemu's exclusive write lock and the second opener
-	// would fail. The export is read-only anyway (writable=off). A write
-	// workload's image is this daemon's alone.
-	args := []string{
-		"--blockdev", fileNode,
-		"--blockdev", "driver=qcow2,node-name=fmt0,file=file0,read-only=on",
-		"--export", "type=fuse,id=exp0,node-name=fmt0,mountpoint=" + file + ",writable=off",
-	}
-	if writable {
-		args = []string{
-			"--blockdev", fileNode,
-			"--blockdev", "driver=qcow2,node-name=fmt0,file=file0,discard=unmap",
-			"--export", "type=fuse,id=exp0,node-name=fmt0,mountpoint=" + file + ",writable=on",
+// mountQemu exports the image with qemu-storage-daemon, over a file or,
+// for a URL, over qemu's curl driver, with the malloc tuning if set.
+func mountQemu(malloc string) func(e *env, t *target, c *contestant) error {
+	return func(e *env, t *target, c *contestant) error {
+		t.mnt = filepath.Join(t.dir, "mnt.raw") // qemu's FUSE export mounts on a file
+		if err := os.WriteFile(t.mnt, nil, 0o644); err != nil {
+			return err
 		}
-	}
-	logf, err := os.Create(b.logPath(filepath.Base(file)))
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	name, args := b.daemonCommand("qemu-storage-daemon", args)
-	pc := exec.Command(name, args...)
-	if env != "" {
-		pc.Env = append(os.Environ(), env)
-	}
-	pc.Stdout, pc.Stderr = logf, logf
-	// Its own process group: the terminal's Ctrl-C must not kill it
-	// before the bench unmounts it.
-	pc.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	fmt.Fprintf(b.log, "%s $ %s &\n", time.Now().Format("15:04:05.000"), shellQuote(append([]string{env, name}, args...)))
-	if err := pc.Start(); err != nil {
-		os.Remove(file)
-		return nil, err
-	}
-	exited := make(chan struct{})
-	var once sync.Once
-	go func() { pc.Wait(); once.Do(func() { close(exited) }) }()
-
-	e := &exposure{file: file, mnt: file, pid: pc.Process.Pid}
-	down := b.push("stop qemu-storage-daemon "+file, func() error {
-		var errs []error
-		if e.hung {
-			// Timed out: its connection is aborted already
-			// (abortHung), and a daemon still waiting on curl
-			// ignores SIGTERM.
-			pc.Process.Kill()
-		} else {
-			pc.Process.Signal(syscall.SIGTERM)
+		node := "driver=file,node-name=file0,aio=threads,filename=" + t.img
+		if t.url != "" {
+			node = "driver=http,node-name=file0,url=" + t.url
 		}
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			errs = append(errs, fmt.Errorf("qemu-storage-daemon %d ignored SIGTERM for 15 s; killed", e.pid))
-			b.abortFUSE(file)
-			pc.Process.Kill()
-			<-exited
+		// read-only=on: two exports and qemu-img convert open the same
+		// image, and qemu's locking refuses a second read-write opener.
+		opts, export := ",read-only=on", ",writable=off"
+		if t.writable {
+			opts, export = ",discard=unmap", ",writable=on" // fstrim gives space back
 		}
-		errs = append(errs, b.forceUnmount(file))
-		os.Remove(file)
-		return errors.Join(errs...)
-	})
-	e.undos = []*undo{down}
-	live := b.waitUntil(b.ctx, 30*time.Second, func() bool {
-		select {
-		case <-exited:
-			return true
-		default:
+		cmd := exec.Command("qemu-storage-daemon", "--blockdev", node+opts,
+			"--blockdev", "driver=qcow2,node-name=fmt0,file=file0"+opts,
+			"--export", "type=fuse,id=exp0,node-name=fmt0,mountpoint="+t.mnt+export)
+		cmd.Env = append(os.Environ(), malloc)
+		log, err := os.Create(filepath.Join(t.dir, "daemon.log"))
+		if err != nil {
+			return err
 		}
-		return isMounted(file)
-	})
-	select {
-	case <-exited:
-		b.undo(down)
-		logText, _ := os.ReadFile(logf.Name())
-		return nil, fmt.Errorf("qemu-storage-daemon exited: %s", lastLines(string(logText), 3))
-	default:
-	}
-	if !live {
-		b.undo(down)
-		return nil, fmt.Errorf("qemu-storage-daemon: %s not mounted after 30 s", file)
-	}
-	return e, nil
-}
-
-func exposeQcowmount(b *bench, im *image, root string) (*exposure, error) {
-	mnt, err := b.mountDir("qcowmount", false)
-	if err != nil {
-		return nil, err
-	}
-	img := filepath.Join(root, "img", im.name, im.name+".qcow2")
-	e := &exposure{mnt: mnt, file: filepath.Join(mnt, "qcow1")}
-	// qcowmount detaches itself and returns before the mount is live.
-	if _, err := b.must(&cmd{name: "qcowmount", args: []string{img, mnt}, timeout: time.Minute}); err != nil {
-		b.forceUnmount(mnt)
-		os.Remove(mnt)
-		return nil, err
-	}
-	live := b.waitUntil(b.ctx, 30*time.Second, func() bool { return isMounted(mnt) })
-	e.pid = findDaemon("qcowmount", mnt)
-	down := b.push("unmount qcowmount "+mnt, func() error {
-		var errs []error
-		if !e.hung && isMounted(mnt) {
-			if _, err := b.must(&cmd{name: "fusermount3", args: []string{"-u", mnt}, timeout: 30 * time.Second, cleanup: true}); err != nil {
-				errs = append(errs, err)
+		defer log.Close()
+		cmd.Stdout, cmd.Stderr = log, log
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		e.logf("$ %s %s &", malloc, strings.Join(cmd.Args, " "))
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		go cmd.Wait()
+		t.file, t.pid = t.mnt, cmd.Process.Pid
+		t.down(func() error {
+			sig := syscall.SIGTERM // flushes and closes a writable image
+			if t.hung {
+				sig = syscall.SIGKILL // a daemon waiting on curl ignores SIGTERM
 			}
+			return e.stopped(t, "qemu-storage-daemon", sig)
+		})
+		if !waitFor(30*time.Second, func() bool { return isMounted(t.mnt) || !alive(t.pid) }) || !alive(t.pid) {
+			msg, _ := os.ReadFile(log.Name())
+			return fmt.Errorf("qemu-storage-daemon did not mount: %s", tail(string(msg), 2))
 		}
-		errs = append(errs, b.forceUnmount(mnt), b.reap(e.pid, "qcowmount"))
-		os.Remove(mnt)
-		return errors.Join(errs...)
-	})
-	e.undos = []*undo{down}
-	if !live {
-		b.undo(down)
-		return nil, fmt.Errorf("qcowmount: %s not mounted after 30 s", mnt)
-	}
-	return e, nil
-}
-
-func exposeRaw(b *bench, im *image, root string) (*exposure, error) {
-	e := &exposure{file: filepath.Join(root, "raw", im.raw+".raw")}
-	return e, nil
-}
-
-// An undo is one step of tearing down, registered as soon as there is
-// something to tear down, so that an error or an interrupt anywhere later
-// still runs it.
-type undo struct {
-	name string
-	fn   func() error
-	done bool
-}
-
-// push registers fn to be run by undo or, at the latest, when the bench
-// ends (last registered first).
-func (b *bench) push(name string, fn func() error) *undo {
-	u := &undo{name: name, fn: fn}
-	b.mu.Lock()
-	b.undos = append(b.undos, u)
-	b.mu.Unlock()
-	return u
-}
-
-// undo runs u now, once.
-func (b *bench) undo(u *undo) error {
-	b.mu.Lock()
-	if u == nil || u.done {
-		b.mu.Unlock()
 		return nil
 	}
-	u.done = true
-	b.mu.Unlock()
-	err := u.fn()
-	if err != nil {
-		b.warn("%s: %v", u.name, err)
-	}
-	return err
 }
 
-// undoAll runs every undo not run yet, last registered first.
-func (b *bench) undoAll() {
-	b.mu.Lock()
-	us := b.undos
-	b.undos = nil
-	b.mu.Unlock()
-	for i := len(us) - 1; i >= 0; i-- {
-		b.undo(us[i])
+func mountQcowmount(e *env, t *target, c *contestant) error {
+	t.mnt = filepath.Join(t.dir, "mnt")
+	if err := os.Mkdir(t.mnt, 0o755); err != nil {
+		return err
 	}
+	// It detaches itself and returns before the mount is live.
+	if _, err := e.sh(`qcowmount "$IMG" "$MNT" > /dev/null`, "IMG="+t.img, "MNT="+t.mnt); err != nil {
+		return err
+	}
+	if !waitFor(30*time.Second, func() bool { return isMounted(t.mnt) }) {
+		return fmt.Errorf("qcowmount: %s not mounted after 30 s", t.mnt)
+	}
+	t.file, t.pid = filepath.Join(t.mnt, "qcow1"), daemonOf(t.mnt)
+	t.down(func() error {
+		if !t.hung {
+			e.sh(`fusermount3 -u "$MNT"`, "MNT="+t.mnt)
+		}
+		return e.stopped(t, "qcowmount", 0)
+	})
+	return nil
+}
+
+// straced are the calls the probe counts: ioctl is FIEMAP, the only ioctl
+// qcowfs makes on an image (issue 4); the rest read it (issue 5).
+const straced = "lseek,ioctl,pread64,read,preadv,preadv2"
+
+// mountStraced mounts with qcowfs and attaches strace to the daemon until
+// the run ends. -P keeps the calls on the image file only, not the reads
+// of /dev/fuse. Attached after the mount, it counts what the command
+// causes (and the daemon's background count of allocated blocks).
+func mountStraced(e *env, t *target, c *contestant) error {
+	if err := mountQcowfs(e, t, c); err != nil {
+		return err
+	}
+	out := filepath.Join(t.dir, "strace.txt")
+	cmd := exec.Command("strace", "-f", "-c", "-o", out, "-P", t.img, "-e", "trace="+straced, "-p", strconv.Itoa(t.pid))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.down(func() error { // before the unmount: strace -c reports when it detaches
+		cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			return fmt.Errorf("strace did not detach")
+		}
+		text, err := os.ReadFile(out)
+		if err != nil {
+			return err
+		}
+		t.vals = straceCounts(string(text))
+		out, _ := e.sh(`qemu-img check --output=json "$IMG"`, "IMG="+t.img)
+		var check struct {
+			Compressed float64 `json:"compressed-clusters"`
+		}
+		json.Unmarshal([]byte(out), &check)
+		t.vals["clusters"] = check.Compressed
+		return nil
+	})
+	if !waitFor(10*time.Second, func() bool { return tracerOf(t.pid) != 0 }) {
+		return fmt.Errorf("strace did not attach to %d", t.pid)
+	}
+	return nil
+}
+
+// tracerOf is TracerPid of /proc/PID/status.
+func tracerOf(pid int) int {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	_, v, _ := strings.Cut(string(b), "TracerPid:")
+	n, _ := strconv.Atoi(strings.TrimSpace(strings.SplitN(v, "\n", 2)[0]))
+	return n
+}
+
+// straceCounts reads strace -c's table into lseek, fiemap and reads:
+//
+//	% time     seconds  usecs/call     calls    errors syscall
+//	 97.12    0.004512           2      1870           pread64
+func straceCounts(text string) map[string]float64 {
+	v := map[string]float64{"lseek": 0, "fiemap": 0, "reads": 0}
+	for _, line := range strings.Split(text, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		n, err := strconv.ParseFloat(f[3], 64)
+		switch name := f[len(f)-1]; {
+		case err != nil:
+		case name == "lseek":
+			v["lseek"] += n
+		case name == "ioctl":
+			v["fiemap"] += n
+		case strings.Contains(straced, name) && strings.Contains(name, "read"):
+			v["reads"] += n
+		}
+	}
+	return v
+}
+
+// daemonMeter reads a daemon's CPU time (user and system, all threads,
+// /proc/PID/stat in USER_HZ ticks) and what it has passed to write
+// system calls (wchar of /proc/PID/io: host writes, and its FUSE replies).
+func daemonMeter(pid int) func() map[string]float64 {
+	return func() map[string]float64 {
+		v := map[string]float64{}
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+			s := string(b)
+			f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+			ut, _ := strconv.ParseFloat(f[11], 64)
+			st, _ := strconv.ParseFloat(f[12], 64)
+			v["cpu"] = (ut + st) / 100
+		}
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid)); err == nil {
+			_, w, _ := strings.Cut(string(b), "wchar:")
+			v["wchar"], _ = strconv.ParseFloat(strings.TrimSpace(strings.SplitN(w, "\n", 2)[0]), 64)
+		}
+		return v
+	}
+}
+
+// peakRSS is a process's VmHWM in bytes.
+func peakRSS(pid int) int64 {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	_, v, _ := strings.Cut(string(b), "VmHWM:")
+	kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(strings.SplitN(v, "\n", 2)[0]), " kB"), 10, 64)
+	return kb << 10
 }

@@ -1,355 +1,135 @@
 package main
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
-	"strings"
-	"sync"
 	"time"
 )
 
-// imageRecipe is bumped when an image recipe changes, so that images built
-// by an older recipe are rebuilt instead of silently reused.
-const imageRecipe = 1
-
-const (
-	kib = int64(1) << 10
-	mib = int64(1) << 20
-	gib = int64(1) << 30
-	tib = int64(1) << 40
-)
-
-// An image is one qcow2 test image and its raw twin: a raw file with the
-// same bytes (what `qemu-img convert -O raw` makes of it), the ceiling of
-// the read workloads and the reference of the copy workloads. Each image
-// lives alone in its folder, so that a qcowfs mount of that folder shows
-// just it.
+// An image is a qcow2 test image and its raw twin (the same bytes as a raw
+// file: the raw file baseline reads it, copies are compared with it). Each
+// lives alone in WORK/img/NAME/, so that a mount of the folder shows just
+// it; twins are in WORK/raw. Both are built once and kept.
 type image struct {
-	name string
-	desc string
-	raw  string // name of the raw twin (several images share "plain")
-	// make writes the qcow2 image to dst; the raw twin, when this image
-	// owns it (raw == name), exists already if rawFirst, or is made from
-	// dst afterwards with qemu-img convert.
-	make     func(b *bench, dst string) error
-	rawFirst func(b *bench, dst string) error // makes the raw twin from scratch
+	name  string
+	title string // for the report
+	twin  string // the raw twin's name: its own, or the image it was compressed from
+	// raw makes the twin $RAW first, for images made from it; without
+	// it the twin is converted from the image.
+	raw string
+	// make makes the image $DST (bash; $RAW is the twin).
+	make string
 }
 
-// allImages is the whole set; the plan picks from it. The longest builds
-// come first: images are built two at a time, and deflate compression
-// alone takes over a minute.
-var allImages = images()
+// pick lists the regular files under $1 in name order, skipping those
+// that no longer fit, until $2 MiB: real files, so that compression and
+// file sizes are those of real disks.
+const pick = `pick() { find "$1" -xdev -type f -readable -printf '%s\t%p\n' 2>/dev/null | LC_ALL=C sort -t$'\t' -k2 |
+	awk -F'\t' -v max=$(($2 << 20)) '$1 <= max - s { s += $1; print $2 }'; }
+`
 
-func images() []*image {
-	return []*image{
-		{
-			name: "deflate", raw: "plain",
-			desc: "the plain image compressed with deflate (`qemu-img convert -c`)",
-			make: func(b *bench, dst string) error {
-				return b.img("convert", "-q", "-c", "-f", "raw", "-O", "qcow2", b.rawPath("plain"), dst)
-			},
-		},
-		{
-			name: "zstd", raw: "plain",
-			desc: "the plain image compressed with zstd (`qemu-img convert -c -o compression_type=zstd`)",
-			make: func(b *bench, dst string) error {
-				return b.img("convert", "-q", "-c", "-o", "compression_type=zstd", "-f", "raw", "-O", "qcow2", b.rawPath("plain"), dst)
-			},
-		},
-		{
-			name: "plain", raw: "plain",
-			desc: "2 GiB of real files (a tar of /usr, cut at 2 GiB), every cluster allocated (`qemu-img convert -S 0`)",
-			rawFirst: func(b *bench, dst string) error {
-				return writeUsrTar(dst, 2*gib)
-			},
-			make: func(b *bench, dst string) error {
-				return b.img("convert", "-q", "-S", "0", "-f", "raw", "-O", "qcow2", b.rawPath("plain"), dst)
-			},
-		},
-		{
-			name: "sparse1t", raw: "sparse1t",
-			desc: "1 TiB with 256 MiB of data in 1 MiB pieces, one every 4 GiB (at a varying offset within it)",
-			make: func(b *bench, dst string) error {
-				var cmds []string
-				for i := range int64(256) {
-					off := i*4*gib + (i*131%4000)*mib
-					cmds = append(cmds, fmt.Sprintf("write -q -P %d %d 1M", i%255+1, off))
-				}
-				return b.qemuIOScript(dst, tib, "", cmds)
-			},
-		},
-		{
-			name: "fragback", raw: "fragback",
-			desc: "1 GiB written backwards 64 KiB at a time with qemu-io (host clusters in reverse order)",
-			make: func(b *bench, dst string) error {
-				var cmds []string
-				for i := gib/(64*kib) - 1; i >= 0; i-- {
-					cmds = append(cmds, fmt.Sprintf("write -q -P %d %d 64k", i%255+1, i*64*kib))
-				}
-				return b.qemuIOScript(dst, gib, "", cmds)
-			},
-		},
-		{
-			name: "fragfwd", raw: "fragfwd",
-			desc: "1 GiB written forwards 64 KiB at a time in two interleaved passes (even chunks, then odd chunks)",
-			make: func(b *bench, dst string) error {
-				var cmds []string
-				for pass := range int64(2) {
-					for i := pass; i < gib/(64*kib); i += 2 {
-						cmds = append(cmds, fmt.Sprintf("write -q -P %d %d 64k", i%255+1, i*64*kib))
-					}
-				}
-				return b.qemuIOScript(dst, gib, "", cmds)
-			},
-		},
-		{
-			name: "prealloc", raw: "prealloc",
-			desc: "1 GiB `preallocation=metadata`, 6 MiB of data written (4 MiB at 0, 1 MiB at 300 MiB, the last 1 MiB)",
-			make: func(b *bench, dst string) error {
-				return b.qemuIOScript(dst, gib, "preallocation=metadata", []string{
-					"write -q -P 90 0 4M",
-					"write -q -P 91 300M 1M",
-					fmt.Sprintf("write -q -P 92 %d 1M", gib-mib),
-				})
-			},
-		},
-		{
-			name: "guest", raw: "guest",
-			desc: "a GPT guest disk: one ext4 partition at 1 MiB holding files copied from /usr/share and /usr/lib",
-			rawFirst: func(b *bench, dst string) error {
-				return b.makeGuestDisk(dst)
-			},
-			make: func(b *bench, dst string) error {
-				return b.img("convert", "-q", "-f", "raw", "-O", "qcow2", b.rawPath("guest"), dst)
-			},
-		},
-	}
+// qemuIO runs the qemu-io commands that a loop prints on an image it creates.
+func qemuIO(create, loop string) string {
+	return "qemu-img create -q -f qcow2 " + create + "\n" + loop + ` | qemu-io -t unsafe -f qcow2 "$DST" > /dev/null`
 }
 
-// qcowPath is where image name lives: alone in its folder.
-func (b *bench) qcowPath(name string) string {
-	return filepath.Join(b.cfg.work, "img", name, name+".qcow2")
+var images = []*image{
+	{name: "plain", title: "2 GiB of real files (a tar of /usr), every cluster allocated",
+		raw: `for i in 1 2 3 4; do tar -cf - --sort=name /usr 2>/dev/null || true; done | head -c 2G > "$RAW"
+[ "$(stat -c %s "$RAW")" = $((2 << 30)) ]`,
+		make: `qemu-img convert -q -S 0 -f raw -O qcow2 "$RAW" "$DST"`},
+	{name: "deflate", twin: "plain", title: "the plain image compressed with deflate (`qemu-img convert -c`)",
+		make: `qemu-img convert -q -W -m 4 -c -f raw -O qcow2 "$RAW" "$DST"`},
+	{name: "zstd", twin: "plain", title: "the plain image compressed with zstd",
+		make: `qemu-img convert -q -W -m 4 -c -o compression_type=zstd -f raw -O qcow2 "$RAW" "$DST"`},
+	{name: "sparse1t", title: "1 TiB, 256 MiB of data in 1 MiB pieces, one every 4 GiB",
+		make: qemuIO(`"$DST" 1T`, `for i in $(seq 0 255); do echo "write -q -P $((i % 255 + 1)) $((i * 4 * 2**30 + (i * 131 % 4000) * 2**20)) 1M"; done`)},
+	{name: "fragback", title: "1 GiB written backwards 64 KiB at a time (host clusters in reverse order)",
+		make: qemuIO(`"$DST" 1G`, `for i in $(seq 16383 -1 0); do echo "write -q -P $((i % 255 + 1)) $((i * 65536)) 64k"; done`)},
+	{name: "fragfwd", title: "1 GiB written forwards in two interleaved passes (even 64 KiB chunks, then odd)",
+		make: qemuIO(`"$DST" 1G`, `for i in $(seq 0 2 16383) $(seq 1 2 16383); do echo "write -q -P $((i % 255 + 1)) $((i * 65536)) 64k"; done`)},
+	{name: "prealloc", title: "1 GiB preallocation=metadata, 6 MiB of data",
+		make: qemuIO(`-o preallocation=metadata "$DST" 1G`, `printf 'write -q -P 90 0 4M\nwrite -q -P 91 300M 1M\nwrite -q -P 92 1023M 1M\n'`)},
+	{name: "guest", title: "a GPT disk, one ext4 partition at 1 MiB with 384 MiB of files from /usr",
+		raw: pick + `st="$RAW.tree"; rm -rf "$st" "$RAW.part"; mkdir "$st"
+{ pick /usr/share 256; pick /usr/lib 128; } | tar -cf - --no-unquote -T - 2>/dev/null | tar -xf - -C "$st"
+mkfs.ext4 -q -F -d "$st" -L guest "$RAW.part" $(( $(du -sm "$st" | cut -f1) * 13 / 10 + 128 ))M
+truncate -s $(( $(stat -c %s "$RAW.part") + (2 << 20) )) "$RAW"
+echo "label: gpt
+start=2048, size=$(( $(stat -c %s "$RAW.part") / 512 )), type=linux" | sfdisk -q "$RAW"
+dd if="$RAW.part" of="$RAW" bs=1M seek=1 conv=notrunc,sparse status=none
+rm -rf "$st" "$RAW.part"`,
+		make: `qemu-img convert -q -f raw -O qcow2 "$RAW" "$DST"`},
 }
 
-func (b *bench) rawPath(name string) string {
-	return filepath.Join(b.cfg.work, "raw", name+".raw")
-}
-
-func (b *bench) img(args ...string) error {
-	_, err := b.must(&cmd{name: "qemu-img", args: args, timeout: 30 * time.Minute})
-	return err
-}
-
-// qemuIOScript creates a qcow2 image of size at dst (with the -o option
-// opts, if any) and runs the qemu-io commands on it in one qemu-io process,
-// with caching that skips flushes: these are test images, not data.
-func (b *bench) qemuIOScript(dst string, size int64, opts string, cmds []string) error {
-	args := []string{"create", "-q", "-f", "qcow2"}
-	if opts != "" {
-		args = append(args, "-o", opts)
-	}
-	if err := b.img(append(args, dst, fmt.Sprint(size))...); err != nil {
-		return err
-	}
-	_, err := b.must(&cmd{
-		name: "qemu-io", args: []string{"-t", "unsafe", "-f", "qcow2", dst},
-		stdin: strings.NewReader(strings.Join(cmds, "\n") + "\nquit\n"), timeout: 10 * time.Minute,
-	})
-	return err
-}
-
-// A manifest records which images were built, by which recipe and how long
-// that took; it lives in the work folder next to the images.
-type manifest struct {
-	Recipe int                   `json:"recipe"`
-	Images map[string]buildEntry `json:"images"`
-	// Total is the wall time of every build so far that built
-	// something: what building all the images once took.
-	Total   float64   `json:"total_seconds"`
-	TotalAt time.Time `json:"total_at"`
-}
-
-type buildEntry struct {
-	Built   time.Time `json:"built"`
-	Seconds float64   `json:"seconds"`
-}
-
-func (b *bench) manifestPath() string { return filepath.Join(b.cfg.work, "images.json") }
-
-func (b *bench) loadManifest() manifest {
-	m := manifest{Recipe: imageRecipe, Images: map[string]buildEntry{}}
-	data, err := os.ReadFile(b.manifestPath())
-	if err != nil {
-		return m
-	}
-	var old manifest
-	if json.Unmarshal(data, &old) == nil && old.Recipe == imageRecipe && old.Images != nil {
-		return old
-	}
-	return m
-}
-
-func (b *bench) saveManifest(m manifest) error {
-	data, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(b.manifestPath(), append(data, '\n'), 0o644)
-}
-
-// buildImages makes the images in need that are missing, and says how long
-// that took. The raw twins that others are made from come first; the
-// rest are built two at a time (the machine has two cores and most builds
-// use one).
-func (b *bench) buildImages(need []*image) error {
-	man := b.loadManifest()
-	var todo []*image
-	for _, im := range allImages {
-		if !slices.Contains(need, im) {
-			continue
-		}
-		_, known := man.Images[im.name]
-		if !known || !exists(b.qcowPath(im.name)) || (im.raw == im.name && !exists(b.rawPath(im.name))) {
-			todo = append(todo, im)
-		} else if im.raw != im.name && !exists(b.rawPath(im.raw)) {
-			todo = append(todo, im)
-		}
-	}
-	if len(todo) == 0 {
-		return nil
-	}
-	names := make([]string, len(todo))
-	for i, im := range todo {
-		names[i] = im.name
-	}
-	b.say("building images: %s (once; cached in %s)", strings.Join(names, ", "), b.cfg.work)
-	start := time.Now()
-	for _, d := range []string{"img", "raw"} {
-		if err := os.MkdirAll(filepath.Join(b.cfg.work, d), 0o755); err != nil {
-			return err
-		}
-	}
-
-	// Raw twins made from scratch first: others are converted from them.
-	var mu sync.Mutex
-	record := func(im *image, t0 time.Time) {
-		mu.Lock()
-		defer mu.Unlock()
-		man.Images[im.name] = buildEntry{Built: time.Now().UTC(), Seconds: time.Since(t0).Seconds()}
-	}
-	owner := map[string]*image{}
-	for _, im := range allImages {
-		if im.raw == im.name {
-			owner[im.name] = im
-		}
-	}
-	for _, im := range todo {
-		if o := owner[im.raw]; o != nil && o.rawFirst != nil && !exists(b.rawPath(im.raw)) {
-			t0 := time.Now()
-			b.say("  raw %s ...", o.raw)
-			if err := b.atomically(b.rawPath(o.raw), func(tmp string) error { return o.rawFirst(b, tmp) }); err != nil {
-				return fmt.Errorf("building %s: %w", b.rawPath(o.raw), err)
-			}
-			b.say("  raw %s: %s", o.raw, time.Since(t0).Round(100*time.Millisecond))
-		}
-	}
-
-	work := make(chan *image)
-	errs := make(chan error, len(todo))
-	var wg sync.WaitGroup
-	for range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for im := range work {
-				t0 := time.Now()
-				err := b.buildOne(im)
-				if err == nil {
-					record(im, t0)
-					b.say("  %s: %s", im.name, time.Since(t0).Round(100*time.Millisecond))
-				}
-				errs <- err
-			}
-		}()
-	}
-	go func() {
-		defer close(work)
-		for _, im := range todo {
-			if b.ctx.Err() != nil {
-				return
-			}
-			work <- im
-		}
-	}()
-	wg.Wait()
-	close(errs)
-	var all []error
-	for err := range errs {
-		if err != nil {
-			all = append(all, err)
-		}
-	}
-	if b.ctx.Err() != nil {
-		all = append(all, errInterrupted)
-	}
-	// Total adds up the builds: images built at different times.
-	man.Total += time.Since(start).Seconds()
-	man.TotalAt = time.Now().UTC()
-	if err := b.saveManifest(man); err != nil {
-		all = append(all, err)
-	}
-	b.builtNow = time.Since(start)
-	b.say("images built in %s", b.builtNow.Round(time.Second))
-	return errors.Join(all...)
-}
-
-// buildOne makes one qcow2 image, then its raw twin if it owns one that
-// is converted from it.
-func (b *bench) buildOne(im *image) error {
-	if err := os.MkdirAll(filepath.Dir(b.qcowPath(im.name)), 0o755); err != nil {
-		return err
-	}
-	if err := b.atomically(b.qcowPath(im.name), func(tmp string) error { return im.make(b, tmp) }); err != nil {
-		return fmt.Errorf("building %s: %w", im.name, err)
-	}
-	if im.raw == im.name && im.rawFirst == nil {
-		err := b.atomically(b.rawPath(im.name), func(tmp string) error {
-			return b.img("convert", "-q", "-f", "qcow2", "-O", "raw", b.qcowPath(im.name), tmp)
-		})
-		if err != nil {
-			return fmt.Errorf("building the raw twin of %s: %w", im.name, err)
-		}
-	}
-	return nil
-}
-
-// atomically runs make on a temporary name next to dst and renames the
-// result to dst, so that a file at dst is always complete.
-func (b *bench) atomically(dst string, make func(tmp string) error) error {
-	tmp := dst + ".building"
-	os.Remove(tmp)
-	if err := make(tmp); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, dst)
-}
-
-func exists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
-}
-
-// imageByName returns the image of that name.
-func imageByName(name string) *image {
-	for _, im := range allImages {
+func imageNamed(name string) *image {
+	for _, im := range images {
 		if im.name == name {
 			return im
 		}
 	}
 	panic("bench: no image " + name)
+}
+
+// twinOf is the name of an image's raw twin.
+func twinOf(name string) string {
+	if t := imageNamed(name).twin; t != "" {
+		return t
+	}
+	return name
+}
+
+// build makes the image name and its twin if they are missing; each file
+// is made under a temporary name and renamed, so a file there is whole.
+func (e *env) build(name string) error {
+	im := imageNamed(name)
+	dst := filepath.Join(e.cfg.work, "img", name, name+".qcow2")
+	raw := filepath.Join(e.cfg.work, "raw", twinOf(name)+".raw")
+	if exists(dst) && exists(raw) {
+		return nil
+	}
+	if im.twin != "" {
+		if err := e.build(im.twin); err != nil {
+			return err
+		}
+	}
+	start := time.Now()
+	fmt.Printf("building image %s (once; kept in %s)\n", name, e.cfg.work)
+	if im.raw != "" && !exists(raw) {
+		if err := e.atomically(raw, im.raw, "RAW"); err != nil {
+			return err
+		}
+	}
+	if err := e.atomically(dst, im.make, "DST", "RAW="+raw); err != nil {
+		return err
+	}
+	if !exists(raw) {
+		if err := e.atomically(raw, `qemu-img convert -q -f qcow2 -O raw "$DST" "$RAW"`, "RAW", "DST="+dst); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("  %s: %s\n", name, time.Since(start).Round(time.Second))
+	return nil
+}
+
+// atomically runs script with $name set to a temporary path next to dst,
+// and renames that to dst.
+func (e *env) atomically(dst, script, name string, vars ...string) error {
+	tmp := dst + ".building"
+	os.Remove(tmp)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	x := e.run(job{script: script, vars: append(vars, name+"="+tmp), limit: time.Hour})
+	if x.err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("building %s: %w", dst, x.err)
+	}
+	return os.Rename(tmp, dst)
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }

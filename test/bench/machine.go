@@ -7,76 +7,89 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-
-	"github.com/qcowfs/qcowfs/internal/mountinfo"
+	"sync"
+	"time"
 )
 
-// machineInfo describes where the numbers were measured.
-type machineInfo struct {
-	CPU       string `json:"cpu"`
-	Cores     int    `json:"cores"`
-	RAM       string `json:"ram"`
-	Kernel    string `json:"kernel"`
-	WorkFS    string `json:"work_fs"`
-	Qemu      string `json:"qemu"`
-	QemuSD    string `json:"qemu_storage_daemon"`
-	Libqcow   string `json:"libqcow"`
-	Fio       string `json:"fio"`
-	Coreutils string `json:"coreutils"`
-	Strace    string `json:"strace"`
-	Qcowfs    string `json:"qcowfs"`
-	Drop      string `json:"drop_caches"`
+// machine says where and when the numbers were measured.
+type machine struct {
+	Date     string   `json:"date"`
+	CPU      string   `json:"cpu"`
+	Cores    int      `json:"cores"`
+	RAM      string   `json:"ram"`
+	Kernel   string   `json:"kernel"`
+	Versions []string `json:"versions"` // qcowfs, qemu, libqcow, fio, ...
+	Load     string   `json:"load"`     // the 1-minute load average: before, highest during, after
 }
 
-func (b *bench) machine() machineInfo {
-	m := machineInfo{Cores: runtime.NumCPU(), Qcowfs: b.qcowfsVersion}
-	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(data), "\n") {
-			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-				m.CPU = strings.TrimSpace(v)
-				break
-			}
-		}
-	}
-	if data, err := os.ReadFile("/proc/meminfo"); err == nil {
-		for _, line := range strings.Split(string(data), "\n") {
-			if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
-				f := strings.Fields(v)
-				if kb, err := strconv.ParseInt(f[0], 10, 64); err == nil {
-					m.RAM = humanBytes(kb << 10)
-				}
-			}
-		}
-	}
-	if data, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		m.Kernel = strings.TrimSpace(string(data))
-	}
-	var best mountinfo.Mount
-	for _, mt := range mounts() {
-		if (b.cfg.work == mt.Point || strings.HasPrefix(b.cfg.work+"/", strings.TrimSuffix(mt.Point, "/")+"/")) && len(mt.Point) >= len(best.Point) {
-			best = mt
-		}
-	}
-	m.WorkFS = fmt.Sprintf("%s on %s (%s, mounted at %s)", b.cfg.work, best.FSType, best.Source, best.Point)
-	first := func(name string, args ...string) string {
-		out, _ := exec.Command(name, args...).CombinedOutput()
-		for _, line := range strings.Split(string(out), "\n") {
-			if s := strings.TrimSpace(line); s != "" {
-				return s
-			}
-		}
-		return "not installed"
-	}
-	m.Qemu = first("qemu-img", "--version")
-	m.QemuSD = first("qemu-storage-daemon", "--version")
-	m.Libqcow = first("qcowmount", "-V")
-	m.Fio = first("fio", "--version")
-	m.Coreutils = first("cp", "--version")
-	m.Strace = first("strace", "-V")
-	if b.canDrop {
-		m.Drop = "yes: `sync; echo 3 > /proc/sys/vm/drop_caches` before every cold read, copy and guest read"
+// first is the first n words of a file or of a command's output.
+func first(n int, name string, args ...string) string {
+	var b []byte
+	if len(args) == 0 {
+		b, _ = os.ReadFile(name)
 	} else {
-		m.Drop = "no (" + b.dropWhy + "): cold rows are first reads after a sync, with whatever the page cache holds"
+		b, _ = exec.Command(name, args...).CombinedOutput()
 	}
-	return m
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(len(f), n)], " ")
+}
+
+// field is the value of the first "key: value" line of a /proc file.
+func field(file, key string) string {
+	b, _ := os.ReadFile(file)
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+func describeMachine(qcowfs string) machine {
+	kb, _ := strconv.ParseInt(strings.TrimSuffix(field("/proc/meminfo", "MemTotal"), " kB"), 10, 64)
+	return machine{
+		Date:   time.Now().UTC().Format("2006-01-02 15:04 UTC"),
+		CPU:    field("/proc/cpuinfo", "model name"),
+		Cores:  runtime.NumCPU(),
+		RAM:    fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20)),
+		Kernel: first(1, "/proc/sys/kernel/osrelease"),
+		Versions: []string{qcowfs, first(3, "qemu-img", "--version"), first(2, "qcowmount", "-V"), first(1, "fio", "--version"),
+			first(3, "nginx", "-v"), first(2, "curl", "--version"), runtime.Version()},
+	}
+}
+
+// loadWatch samples the 1-minute load average every 10 s until stop is
+// called, which returns "before, highest, after".
+func loadWatch() (stop func() string) {
+	load := func() float64 {
+		v, _ := strconv.ParseFloat(first(1, "/proc/loadavg"), 64)
+		return v
+	}
+	var mu sync.Mutex
+	before, high := load(), load()
+	done := make(chan struct{})
+	go func() {
+		for t := time.NewTicker(10 * time.Second); ; {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				mu.Lock()
+				high = max(high, load())
+				mu.Unlock()
+			}
+		}
+	}()
+	return func() string {
+		close(done)
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprintf("%.1f before, up to %.1f during, %.1f after", before, high, load())
+	}
+}
+
+func (m machine) markdown(rounds int, took time.Duration) string {
+	return fmt.Sprintf("| | |\n| --- | --- |\n| date | %s |\n| took | %s, %d rounds |\n| machine | %s, %d cores, %s RAM, kernel %s |\n"+
+		"| 1-minute load average | %s (%d cores) |\n| versions | %s |\n",
+		m.Date, took.Round(time.Second), rounds, m.CPU, m.Cores, m.RAM, m.Kernel, m.Load, m.Cores, strings.Join(m.Versions, "; "))
 }

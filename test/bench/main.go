@@ -1,27 +1,33 @@
-// Command bench is qcowfs's whole-system benchmark: it measures bin/qcowfs
-// side by side with qemu's own FUSE export (qemu-storage-daemon --export
-// type=fuse, default and with a tuned malloc), libqcow's qcowmount and the
-// baselines without FUSE (the raw file itself, qemu-img convert), and
-// `qcowfs check` against `qemu-img check`, in one run, counts the host
-// system calls the daemons make per copy and per compressed cluster, and
-// writes a markdown report.
+// Command bench measures qcowfs against the other ways of serving a qcow2
+// image as a raw file: every contestant on the same work, interleaved, in
+// one run, reported as medians and ratios with the machine and the date.
 //
-//	go run ./test/bench            # the full suite (make bench)
+//	go run ./test/bench            # the full suite (make bench): docs/benchmarks.md
 //	go run ./test/bench --quick    # a subset in under 3 minutes (make bench-quick)
+//	go run ./test/bench --ref 813bc8e --only dd-,w-   # with qcowfs built from another revision
 //
-// It needs root (FUSE mounts, loop devices, dropping caches). Images are
-// built once under the work folder (--work, or $QCOWFS_BENCH_WORK) and
-// reused. Every mount, loop device, tmpfs and daemon it starts is torn down
-// when it ends, also on failure and on Ctrl-C; every command has a timeout,
-// and a FUSE daemon that hangs has its connection aborted.
+// It needs root (FUSE, loop devices, dropping caches). The test images are
+// built once into the work folder and kept. One file per concept:
 //
-// One file per concept: the images (images.go), the contestants and their
-// mounts (contestants.go), the workloads (workloads.go), the check workload
-// (check.go), the host syscall counts under strace (syscalls.go), the plan
-// of what a full and a quick run measure (plan.go), running the workloads
-// (run.go), running commands with timeouts (sys.go), mounts and caches
-// (mounts.go), statistics and the report (report.go), the machine
-// description (machine.go).
+//   - workloads.go, writes.go, remote.go: the workloads, as a table of data
+//   - contestants.go: who takes part, and how each serves an image
+//   - run.go: the one run loop, and one run of one contestant
+//   - targets.go: a run's image, mount and variables; env.go: commands,
+//     cleanup; images.go: the test images; remote.go: the servers
+//   - report.go, machine.go: statistics, the report and its raw numbers
+//
+// A workload is a row of data: its image, its contestants, a bash command
+// on $FILE (and commands of their own for contestants without a mount),
+// what runs untimed before and after, its check, its metrics. A contestant
+// is a row of contestants: a function that mounts an image for one run, or
+// none if the workloads give its commands. So, for example:
+//
+//   - another build of qcowfs: --ref REV;
+//   - qcowfs with other options: a row with flags, as qcowfs-nowb;
+//   - encrypted images: an image recipe with -o encrypt.format=luks, and a
+//     qemu row whose mount adds --object secret and encrypt.key-secret;
+//   - remote overlays: a workload with remote and fresh, its contestants'
+//     mounts given --overlay.
 package main
 
 import (
@@ -29,95 +35,54 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 )
 
-// config is what the command line sets.
 type config struct {
 	quick      bool
-	runs       int
-	runsSet    bool          // --runs was given: it holds for every workload
-	work       string        // images, mounts, logs, outputs
-	bin        string        // the qcowfs binary
-	build      bool          // run `make build` first
-	report     string        // markdown report; raw numbers go next to it as .json
-	timeout    time.Duration // per command
+	runs       int // rounds
+	work, bin  string
+	report     string
+	build      bool
+	only, skip []string
+	refs       []string // git revisions of qcowfs to measure beside it
 	fioTime    time.Duration
-	only       []string // workload ids (prefixes) to run; empty: all of the plan
-	skip       []string // workload ids (prefixes) to leave out
-	imagesOnly bool     // build the images and stop
-	strace     bool     // run the untimed strace passes (syscalls.go)
+	list       bool
 }
-
-// defaultRuns is the runs per contestant of a full run's workloads that do
-// not set fewer (the compressed, write and remote ones run 3). Four, not
-// five, to keep make bench within 25 minutes (issue 16). What the fifth
-// run buys, from the 4 full runs of 2026-12-02 (the same qcowfs code): a
-// qcowfs-to-contestant ratio of one run and the same ratio of another
-// differ by 12% in the median case and 41% at the 90th percentile with
-// medians of 5, and by 14% and 49% with medians of the first 4 (16% and
-// 51% with 3): the drift between runs on this shared machine, not the
-// fifth sample, is most of the spread (docs/benchmarks.md, "Run time:
-// four runs").
-const defaultRuns = 4
 
 func main() {
-	os.Exit(run())
-}
-
-func run() int {
-	repo, err := repoRoot()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		return 1
-	}
 	var cfg config
-	var only, skip string
-	defaultWork := os.Getenv("QCOWFS_BENCH_WORK")
-	if defaultWork == "" {
-		defaultWork = filepath.Join(repo, ".work", "bench")
+	var only, skip, refs string
+	repo := first(1, "git", "rev-parse", "--show-toplevel")
+	work := os.Getenv("QCOWFS_BENCH_WORK")
+	if work == "" {
+		work = filepath.Join(repo, ".work", "bench")
 	}
-	flag.BoolVar(&cfg.quick, "quick", false, "run the quick subset (2 runs, fewer workloads)")
-	flag.IntVar(&cfg.runs, "runs", 0, fmt.Sprintf("runs per contestant (default %d, quick 2)", defaultRuns))
-	flag.StringVar(&cfg.work, "work", defaultWork, "work folder: cached images, mounts, outputs, logs ($QCOWFS_BENCH_WORK)")
+	flag.BoolVar(&cfg.quick, "quick", false, "run the quick subset")
+	flag.IntVar(&cfg.runs, "runs", 0, "rounds: runs per contestant (default 3, --quick 2)")
+	flag.StringVar(&cfg.work, "work", work, "work folder: the images, runs, logs ($QCOWFS_BENCH_WORK)")
 	flag.StringVar(&cfg.bin, "bin", filepath.Join(repo, "bin", "qcowfs"), "the qcowfs binary to measure")
-	flag.BoolVar(&cfg.build, "build", true, "run `make build` in the repository first")
-	flag.StringVar(&cfg.report, "report", "", "markdown report to write (default docs/benchmarks.md; quick: WORK/quick/benchmarks.md)")
-	flag.DurationVar(&cfg.timeout, "timeout", 5*time.Minute, "timeout of any one command")
-	flag.DurationVar(&cfg.fioTime, "fio-time", 3*time.Second, "fio run time")
-	flag.BoolVar(&cfg.imagesOnly, "images-only", false, "build the images the plan needs, then stop")
-	flag.BoolVar(&cfg.strace, "strace", true, "count the daemons' host syscalls in one untimed strace run after the timed ones (about a minute of a full run)")
-	flag.StringVar(&only, "only", "", "comma-separated workload ids (or prefixes) to run, e.g. dd-plain,cp-")
-	flag.StringVar(&skip, "skip", "", "comma-separated workload ids (or prefixes) to leave out, e.g. r- (the remote workloads) or w- (the writes)")
+	flag.BoolVar(&cfg.build, "build", true, "run `make build` first")
+	flag.StringVar(&cfg.report, "report", "", "the report to write (default docs/benchmarks.md; --quick: WORK/quick/benchmarks.md)")
+	flag.StringVar(&only, "only", "", "comma-separated workload ids or prefixes to run (dd-,w-)")
+	flag.StringVar(&skip, "skip", "", "comma-separated workload ids or prefixes to leave out (r- for the remote ones)")
+	flag.StringVar(&refs, "ref", "", "comma-separated git revisions: qcowfs built from each is a contestant too")
+	flag.DurationVar(&cfg.fioTime, "fio-time", 3*time.Second, "fio's run time")
+	flag.BoolVar(&cfg.list, "list", false, "list the workloads and stop")
 	flag.Parse()
-	if flag.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "bench: unexpected arguments %q\n", flag.Args())
-		return 2
-	}
-	cfg.runsSet = cfg.runs > 0
+	split := func(s string) []string { return strings.FieldsFunc(s, func(r rune) bool { return r == ',' }) }
+	cfg.only, cfg.skip, cfg.refs = split(only), split(skip), split(refs)
 	if cfg.runs == 0 {
-		cfg.runs = defaultRuns
+		cfg.runs = 3
 		if cfg.quick {
 			cfg.runs = 2
 		}
-	}
-	if only != "" {
-		cfg.only = strings.Split(only, ",")
-	}
-	if skip != "" {
-		cfg.skip = strings.Split(skip, ",")
-	}
-	if cfg.work, err = filepath.Abs(cfg.work); err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		return 1
-	}
-	if cfg.bin, err = filepath.Abs(cfg.bin); err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		return 1
 	}
 	if cfg.report == "" {
 		cfg.report = filepath.Join(repo, "docs", "benchmarks.md")
@@ -125,46 +90,139 @@ func run() int {
 			cfg.report = filepath.Join(cfg.work, "quick", "benchmarks.md")
 		}
 	}
-
-	// SIGINT, SIGTERM and SIGHUP cancel ctx: the command running is
-	// killed and everything set up so far is torn down on the way out.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigc := make(chan os.Signal, 1)
-	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
-	go func() {
-		for s := range sigc {
-			fmt.Fprintf(os.Stderr, "\nbench: %v: cleaning up (mounts, loop devices, daemons)...\n", s)
-			cancel()
-		}
-	}()
-
-	b, err := newBench(ctx, cfg, repo)
-	if err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer stop()
+	if err := bench(ctx, cfg, repo); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
-		return 1
+		os.Exit(1)
 	}
-	defer b.close()
-	if err := b.main(); err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		return 1
-	}
-	return 0
 }
 
-// repoRoot finds the repository: the folder with go.mod above the current
-// one (make and go run both start in the repository).
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
+// suite is the workloads cfg selects, in the order they run.
+func suite(cfg config) []*workload {
+	match := func(id string, prefixes []string) bool {
+		return slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(id, p) })
+	}
+	var ws []*workload
+	for _, w := range slices.Concat(readWorkloads(), writeWorkloads(), remoteWorkloads()) {
+		if cfg.quick && w.quick != nil {
+			w.who = w.quick
+		}
+		if (!cfg.quick || w.quick != nil) && (len(cfg.only) == 0 || match(w.id, cfg.only)) && !match(w.id, cfg.skip) {
+			ws = append(ws, w)
+		}
+	}
+	return ws
+}
+
+func bench(ctx context.Context, cfg config, repo string) error {
+	ws := suite(cfg)
+	if cfg.list || len(ws) == 0 {
+		for _, w := range ws {
+			fmt.Printf("%-24s %s\n", w.id, w.title)
+		}
+		if len(ws) == 0 {
+			return fmt.Errorf("no workload matches")
+		}
+		return nil
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("needs root: FUSE mounts, loop devices, dropping caches")
+	}
+	start := time.Now()
+	e, err := newEnv(ctx, cfg)
 	if err != nil {
-		return "", err
+		return err
 	}
-	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d, nil
+	defer e.close()
+	bin, version, err := qcowfsUnderTest(e, repo)
+	if err != nil {
+		return err
+	}
+	cast := map[string]*contestant{}
+	for _, c := range contestants(bin) {
+		cast[c.id] = c
+	}
+	var refs []*contestant
+	for _, rev := range cfg.refs {
+		c, err := buildRef(e, repo, rev)
+		if err != nil {
+			return err
 		}
-		if filepath.Dir(d) == d {
-			return "", fmt.Errorf("no go.mod above %s: run from the qcowfs repository", dir)
+		refs = append(refs, c)
+	}
+	for _, w := range ws {
+		if w.image != "" {
+			if err := e.build(w.image); err != nil {
+				return err
+			}
 		}
 	}
+	lineup := func(w *workload) []*contestant {
+		var cs []*contestant
+		for _, id := range w.who {
+			cs = append(cs, cast[id])
+			if id == "qcowfs" {
+				cs = append(cs, refs...)
+			}
+		}
+		return cs
+	}
+	m := describeMachine(version)
+	load := loadWatch()
+	prepare := func(w *workload) error {
+		if w.prepare == nil {
+			return nil
+		}
+		return w.prepare(e)
+	}
+	rs := runAll(ctx, ws, lineup, cfg.runs, prepare, e.measure, os.Stdout)
+	m.Load = load()
+	if ctx.Err() != nil {
+		return fmt.Errorf("interrupted: no report written")
+	}
+	took := time.Since(start)
+	if err := os.MkdirAll(filepath.Dir(cfg.report), 0o755); err != nil {
+		return err
+	}
+	if err := writeReport(cfg.report, rs, refs, m, cfg.runs, took); err != nil {
+		return err
+	}
+	fmt.Printf("\n%s\nreport: %s; took %s\n", summary(rs, refs), cfg.report, took.Round(time.Second))
+	return nil
+}
+
+// qcowfsUnderTest builds qcowfs (make build) and measures a copy of it, so
+// that a rebuild during the run does not change what is measured.
+func qcowfsUnderTest(e *env, repo string) (bin, version string, err error) {
+	if e.cfg.build {
+		if _, err := e.sh(`make -C "$R" build`, "R="+repo); err != nil {
+			return "", "", err
+		}
+	}
+	bin = filepath.Join(e.cfg.work, "bin", "qcowfs")
+	if _, err := e.sh(`mkdir -p "$(dirname "$B")" && cp "$S" "$B.new" && mv "$B.new" "$B"`, "S="+e.cfg.bin, "B="+bin); err != nil {
+		return "", "", err
+	}
+	return bin, first(2, bin, "version"), nil
+}
+
+// buildRef builds qcowfs at git revision rev in a temporary worktree (once:
+// the binary is kept under its commit's name).
+func buildRef(e *env, repo, rev string) (*contestant, error) {
+	commit, err := exec.Command("git", "-C", repo, "rev-parse", "--short", rev+"^{commit}").Output()
+	if err != nil {
+		return nil, fmt.Errorf("--ref %s: not a commit", rev)
+	}
+	bin := filepath.Join(e.cfg.work, "bin", "qcowfs-"+strings.TrimSpace(string(commit)))
+	if !exists(bin) {
+		fmt.Printf("building qcowfs %s\n", rev)
+		_, err = e.sh(`d=$(mktemp -d); trap 'git -C "$R" worktree remove --force "$d"' EXIT
+git -C "$R" worktree add -q --detach "$d" "$REV"
+cd "$d" && go build -ldflags "-X main.version=$REV" -o "$B" ./cmd/qcowfs`, "R="+repo, "REV="+rev, "B="+bin)
+		if err != nil {
+			return nil, fmt.Errorf("building --ref %s: %w", rev, err)
+		}
+	}
+	return refContestant(rev, bin), nil
 }

@@ -2,451 +2,298 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"regexp"
-	"slices"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
-// A unit says what a metric's numbers are and which way is better.
-type unit int
+// A workload is one piece of work that every contestant does in turn, as
+// data: run.go's one loop runs them all. Commands are bash, with the
+// variables of setup (targets.go).
+type workload struct {
+	id, title string
+	group     string // the report's section
+	image     string // the cached image read (images.go); for writes, the source data
+	fresh     int64  // or: the size of a new image, made for every run, that the command writes
+	prealloc  bool   // ... fully allocated (preallocation=full)
+	tmpfs     bool   // the image and OUT on a tmpfs
+	outDisk   bool   // OUT on the work folder's disk, not on the tmpfs
+	// remote ("http" or "s3"): the image read over the network, through
+	// test/servers' proxy, which adds rtt to every request.
+	remote string
+	rtt    time.Duration
+	who    []string // contestants, in the order of the first round
 
-const (
-	mbps    unit = iota // MB/s (10^6 bytes per second), higher is better
-	iops                // operations per second, higher is better
-	seconds             // wall time, lower is better
-	millis              // a latency in milliseconds, lower is better
-	micros              // microseconds (CPU time per I/O), lower is better
-	factor              // a ratio of bytes (host bytes per guest byte), lower is better
+	prepare func(e *env) error // once, before the first round
+	before  string             // untimed, before the command
+	cold    bool               // caches dropped right before the command
+	cmd     string             // the timed command of every contestant with a mount
+	own     map[string]string  // the commands of the others (qemu-img convert, curl)
+	after   string             // untimed, after the command, also when it failed
+	// parse reads numbers from the command's output, besides the @NAME
+	// lines that every command may print (run.go).
+	parse func(stdout string, o *outcome) error
+	// verify checks a run once its target is closed (a written image is
+	// closed then); it may add a note.
+	verify  func(e *env, t *target, o *outcome, round int) error
+	metrics []metric      // the first is the headline
+	limit   time.Duration // per command (0: 3 minutes); a contestant past it is out
+	quick   []string      // its contestants in make bench-quick; nil: not in it
+}
+
+// command is what contestant c runs in w.
+func (w *workload) command(c *contestant) string {
+	if s, ok := w.own[c.id]; ok {
+		return s
+	}
+	return w.cmd
+}
+
+// An outcome is what one run of one contestant measured.
+type outcome struct {
+	secs     float64            // the command's wall time
+	timedOut bool               // ... cut off at the limit: a bound
+	vals     map[string]float64 // @NAME lines, parse's numbers, the daemon's cpu and wchar, fetched bytes
+	size     int64              // the image's virtual size
+	fileSize int64              // its file's size
+	rss      int64              // the daemon's peak RSS
+	note     string
+}
+
+// addNote adds a note to the run's (what a command or check found).
+func (o *outcome) addNote(s string) {
+	switch {
+	case s == "":
+	case o.note == "":
+		o.note = s
+	default:
+		o.note += "; " + s
+	}
+}
+
+// A metric is one number per run, computed from its outcome; ok is false
+// when the run has none.
+type metric struct {
+	name  string
+	unit  string
+	lower bool // lower is better
+	of    func(o *outcome) (v float64, ok bool)
+	// bounded: of a timed-out run it gives a bound (a time, a rate).
+	bounded bool
+	// count: the probe's (strace's counts), which only its row shows.
+	count bool
+}
+
+// took is a wall time: the command's, or of its lap named lap.
+func took(name, lap string) metric {
+	return metric{name: name, unit: "s", lower: true, of: func(o *outcome) (float64, bool) {
+		if lap == "" {
+			return o.secs, true
+		}
+		v, ok := o.vals[lap]
+		return v, ok
+	}, bounded: lap == ""}
+}
+
+// rate is MB/s: bytes (0: the image's size) over took(lap).
+func rate(name, lap string, bytes int64) metric {
+	t := took(name, lap)
+	return metric{name: name, unit: "MB/s", of: func(o *outcome) (float64, bool) {
+		s, ok := t.of(o)
+		if bytes == 0 {
+			bytes = o.size
+		}
+		return float64(bytes) / s / 1e6, ok && s > 0
+	}, bounded: lap == ""}
+}
+
+// val is a value the command reported, times scale.
+func val(name, unit, key string, scale float64, lower bool) metric {
+	return metric{name: name, unit: unit, lower: lower, of: func(o *outcome) (float64, bool) {
+		v, ok := o.vals[key]
+		return v * scale, ok
+	}}
+}
+
+// count is one of the probe's counts of host calls.
+func count(name, key string) metric {
+	m := val(name, "calls", key, 1, true)
+	m.count = true
+	return m
+}
+
+var (
+	iops = val("IOPS", "IOPS", "iops", 1, false)
+	p99  = val("p99 latency", "ms", "p99", 1e-6, true)
+	// The daemon's CPU time (user and system) in the command.
+	cpuPerGiB = metric{name: "daemon CPU per GiB", unit: "s", lower: true, of: func(o *outcome) (float64, bool) {
+		cpu, ok := o.vals["cpu"]
+		return cpu / (float64(o.size) / (1 << 30)), ok
+	}}
+	cpuPerIO = metric{name: "daemon CPU per I/O", unit: "µs", lower: true, of: func(o *outcome) (float64, bool) {
+		cpu, ok := o.vals["cpu"]
+		return cpu / o.vals["ios"] * 1e6, ok && o.vals["ios"] > 0
+	}}
+	// The probe's counts (contestants.go).
+	lseeks  = count("host lseek", "lseek")
+	fiemaps = count("host FIEMAP", "fiemap")
+	perClus = metric{name: "host reads per compressed cluster", lower: true, count: true, of: func(o *outcome) (float64, bool) {
+		return o.vals["reads"] / o.vals["clusters"], o.vals["clusters"] > 0
+	}}
+	checkRSS = val("peak RSS", "MiB", "rss", 1.0/1024, true) // GNU time's %M, KiB
 )
 
-func (u unit) String() string {
-	return [...]string{"MB/s", "IOPS", "s", "ms", "µs", "x"}[u]
-}
+const (
+	dd       = `dd if="$FILE" of=/dev/null bs=1M status=none`
+	fioRead  = `fio --name=randread --filename="$FILE" --readonly --rw=randread --bs=4k --ioengine=psync --direct=1 --numjobs=4 --group_reporting --time_based --runtime="$FIOTIME" --randrepeat=0 --norandommap --output-format=json`
+	cp       = `cp --sparse=always "$FILE" "$OUT"`
+	convert  = `qemu-img convert -f qcow2 -O raw "$IMG" "$OUT"`
+	rssTime  = `/usr/bin/time -f "@rss %M" ` // GNU time, not the bench's wait4: Go starts children with CLONE_VM, which gives them the bench's peak
+	mountGst = `dev=$(losetup -r -f --show "$FILE"); echo $dev > "$RUN/dev"; partx -a $dev 2>/dev/null || true
+for i in $(seq 100); do [ -b ${dev}p1 ] && break; sleep 0.1; done
+mkdir "$RUN/g"; mount -t ext4 -o ro,noload ${dev}p1 "$RUN/g"`
+	tarGst   = `cd "$RUN/g" && tar cf - . | wc -c`
+	unmntGst = `umount "$RUN/g" || true; dev=$(cat "$RUN/dev"); partx -d $dev || true; losetup -d $dev`
+)
 
-// lowerBetter says which way is better in u.
-func (u unit) lowerBetter() bool { return u != mbps && u != iops }
+var (
+	readers = []string{"raw", "qcowfs", "qemu", "qemu-tuned", "qcowmount"}
+	copiers = []string{"raw", "convert", "qcowfs", "qemu-tuned", "qcowmount", "qcowfs-strace"}
+	// sameAsRaw checks a copy on its first run: the raw twin's bytes
+	// (qemu-img compare reads a copy that is a qcow2 file, curl's, as one).
+	sameAsRaw = verifyFirst(`qemu-img compare -q -f raw "$RAW" "$OUT"; echo "bytes = qemu's, du $(du -h "$OUT" | cut -f1)"`)
+)
 
-// A metric is one number a workload measures per run and contestant; each
-// metric gets its own table.
-type metric struct {
-	id    string
-	title string // the table's heading
-	short string // its line in the summary
-	unit  unit
-	// detail keeps the metric out of the summary (its table stays).
-	detail bool
-	// unsettled: a peer's stop (settle, run.go) does not look at this
-	// metric: a worst latency is one request's, and host bytes per
-	// guest byte are read against the guest's bytes, not against qcowfs.
-	unsettled bool
-}
-
-// A workload is one thing done to one image by every contestant in turn.
-type workload struct {
-	id    string
-	title string
-	image string
-	// tmpfs: the image files (qcow2 and raw twin) are read from copies
-	// on a tmpfs. outTmpfs: copies are written to the tmpfs (the image
-	// stays where it is unless tmpfs is set too).
-	tmpfs, outTmpfs bool
-	who             []string // contestant ids, in the order of each run
-	metrics         []metric
-	// timeout bounds one measurement; 0 is the bench's default. A
-	// contestant that times out is not run again in this workload.
-	timeout time.Duration
-	// na gives, per contestant, the reason it is expected to be unable
-	// to take part: if exposing fails, the table says "n/a: reason".
-	na map[string]string
-	// skipIfTimedOut names a workload whose timeouts carry over: a peer
-	// that timed out there is not run here. The baselines run anyway
-	// (qemu-img convert of a URL stalls on the 2 GiB copy over
-	// loopback, and not on the sparse one).
-	skipIfTimedOut string
-	// prepare runs once per exposure before the runs (attaching a loop
-	// device); measure runs once per run.
-	prepare func(b *bench, w *workload, e *exposure) error
-	measure func(b *bench, w *workload, c *contestant, e *exposure, run int) ([]sample, error)
-	// skipWarmWhenUncached lists contestants whose warm read is skipped
-	// when their cold read left none of the file in the page cache: their
-	// daemon has the cache dropped at open, so a warm read would be one
-	// more cold read through the daemon (see measureDDColdWarm).
-	skipWarmWhenUncached []string
-	// syscalls, when set, adds one untimed run after the timed ones that
-	// counts the daemons' system calls on the image file (syscalls.go).
-	syscalls *syscallPass
-	// write, when set, makes this a write workload (writes.go): every
-	// contestant writes into a fresh image of its own instead of
-	// reading a cached one, which is checked after every run.
-	write *writeSpec
-	// remote, when set, makes the image be read over HTTP (remote.go):
-	// imageRoot is then a URL.
-	remote *remoteSpec
-	// freshExposure: every run gets a new mount (a daemon's own cache
-	// must not serve the next run).
-	freshExposure bool
-	// runs overrides the bench's runs per contestant (0: the bench's);
-	// --runs on the command line wins.
-	runs int
-	// what describes the method for the report.
-	what string
-}
-
-// A sample is one measurement: the wall time and what was moved.
-type sample struct {
-	metric   string
-	seconds  float64
-	bytes    int64   // bytes read or copied, for MB/s
-	ops      float64 // IOPS, for fio
-	timedOut bool
-	stalled  bool   // the timeout was a stall's (stalled.go)
-	note     string // something checked once (output size, bytes equal)
-	// cached is the part of the file the page cache held before a warm
-	// read (0 to 1), when hasCached.
-	cached    float64
-	hasCached bool
-	// skipped says why this metric was not measured in this run (the
-	// run's other metrics were); such a sample is no measurement.
-	skipped string
-	// rss is the peak RSS of the measured command itself (check.go),
-	// for contestants that are commands, not daemons.
-	rss int64
-	// v is the value of a sample in millis, micros or factor.
-	v float64
-}
-
-// value is the sample in its metric's unit.
-func (s sample) value(u unit) float64 {
-	switch u {
-	case mbps:
-		return float64(s.bytes) / s.seconds / 1e6
-	case iops:
-		return s.ops
-	case millis, micros, factor:
-		return s.v
+// readWorkloads are the local reads, copies, compressed images, check and map.
+func readWorkloads() []*workload {
+	ws := []*workload{
+		{id: "dd-plain", title: "dd bs=1M of the 2 GiB plain image, cold", image: "plain", who: readers, cold: true, cmd: dd,
+			metrics: []metric{rate("MB/s", "", 0), cpuPerGiB}, quick: []string{"raw", "qcowfs", "qemu"}},
+		{id: "dd-plain-warm", title: "the same right after a cold read", image: "plain", who: readers, before: "dropcaches; " + dd, cmd: dd,
+			metrics: []metric{rate("MB/s", "", 0), cpuPerGiB}},
+		{id: "fio-plain", title: "fio 4 KiB random reads, 4 jobs, O_DIRECT, the plain image", image: "plain",
+			who: []string{"raw", "qcowfs", "qemu", "qcowmount"}, cmd: fioRead, parse: parseFio, metrics: []metric{iops, cpuPerIO}, quick: []string{"qcowfs", "qemu"}},
+		{id: "guest", title: "tar of every file of the guest's ext4 partition, through a loop device", image: "guest", who: readers,
+			before: mountGst, cold: true, cmd: tarGst, after: unmntGst, metrics: []metric{took("time", "")}},
 	}
-	return s.seconds
-}
-
-// errTimedOut marks a measurement that hit its workload's timeout.
-var errTimedOut = errors.New("timed out")
-
-// cutOff says how a run that did not finish (s, timed out) was cut off.
-func (b *bench) cutOff(w *workload, s sample) string {
-	if s.stalled {
-		return fmt.Sprintf("stalled (no I/O for %.0f s; cut off after %.0f s)", stallOf(w).Seconds(), s.seconds)
-	}
-	return fmt.Sprintf("timed out (> %v)", b.timeoutOf(w).Round(time.Second))
-}
-
-// timeoutOf is the per-measurement timeout of w.
-func (b *bench) timeoutOf(w *workload) time.Duration {
-	if w.timeout > 0 {
-		return w.timeout
-	}
-	return b.cfg.timeout
-}
-
-// size is the virtual size of an image: its raw twin's size.
-func (b *bench) size(im *image) (int64, error) {
-	st, err := os.Stat(b.rawPath(im.raw))
-	if err != nil {
-		return 0, err
-	}
-	return st.Size(), nil
-}
-
-var ddBytes = regexp.MustCompile(`(?m)^(\d+) bytes`)
-
-// ddRead reads the exposed file with dd bs=1M and returns the sample.
-func (b *bench) ddRead(w *workload, e *exposure, metricID string) (sample, error) {
-	im := imageByName(w.image)
-	want, err := b.size(im)
-	if err != nil {
-		return sample{}, err
-	}
-	r := b.run(&cmd{name: "dd", args: []string{"if=" + e.file, "of=/dev/null", "bs=1M"},
-		timeout: b.timeoutOf(w), stall: stallOf(w), stuck: b.abortExposure(e)})
-	s, err := r.sample(metricID)
-	if err != nil {
-		return s, err
-	}
-	m := ddBytes.FindStringSubmatch(r.stderr)
-	if m == nil {
-		return s, fmt.Errorf("dd: no byte count in %q", lastLines(r.stderr, 2))
-	}
-	s.bytes, _ = strconv.ParseInt(m[1], 10, 64)
-	if s.bytes != want {
-		return s, fmt.Errorf("dd read %d bytes, want %d", s.bytes, want)
-	}
-	return s, nil
-}
-
-// measureDDColdWarm drops the caches, reads the file (cold), then reads it
-// again (warm: the file was read once before).
-func measureDDColdWarm(b *bench, w *workload, c *contestant, e *exposure, run int) ([]sample, error) {
-	if err := b.dropCachesIfAllowed(); err != nil {
-		return nil, err
-	}
-	cold, err := b.ddRead(w, e, "cold")
-	if err != nil {
-		return []sample{cold}, err
-	}
-	cached := b.cachedFraction(e)
-	if cached >= 0 && cached < 0.01 && slices.Contains(w.skipWarmWhenUncached, c.id) {
-		return []sample{cold, {metric: "warm", skipped: fmt.Sprintf("skipped: %.0f%% of the file in the page cache after the cold read "+
-			"(it is dropped at open), so a warm read would be one more read through the daemon, like the cold one", 100*cached)}}, nil
-	}
-	warm, err := b.ddRead(w, e, "warm")
-	warm.cached, warm.hasCached = cached, cached >= 0
-	return []sample{cold, warm}, err
-}
-
-// cachedFraction is the part of the exposed file the page cache holds, as
-// fincore sees it, or -1. fincore opens the file, as the warm read will:
-// a daemon that has the kernel drop the cache at open (no
-// FOPEN_KEEP_CACHE) shows 0 here.
-func (b *bench) cachedFraction(e *exposure) float64 {
-	out, err := b.must(&cmd{name: "fincore", args: []string{"-b", "-n", "-r", "-o", "RES,SIZE", e.file},
-		timeout: 30 * time.Second, stuck: b.abortExposure(e)})
-	if err != nil {
-		return -1
-	}
-	f := strings.Fields(out)
-	if len(f) != 2 {
-		return -1
-	}
-	res, err1 := strconv.ParseInt(f[0], 10, 64)
-	size, err2 := strconv.ParseInt(f[1], 10, 64)
-	if err1 != nil || err2 != nil || size <= 0 {
-		return -1
-	}
-	return float64(res) / float64(size)
-}
-
-// measureDDCold drops the caches and reads the file once.
-func measureDDCold(b *bench, w *workload, c *contestant, e *exposure, run int) ([]sample, error) {
-	if err := b.dropCachesIfAllowed(); err != nil {
-		return nil, err
-	}
-	s, err := b.ddRead(w, e, "cold")
-	return []sample{s}, err
-}
-
-// dropCachesIfAllowed drops the caches when this machine lets us, and
-// otherwise only writes back dirty data (the report says which).
-func (b *bench) dropCachesIfAllowed() error {
-	if !b.canDrop {
-		b.run(&cmd{name: "sync"})
-		return nil
-	}
-	if err := dropCaches(); err != nil {
-		return fmt.Errorf("dropping caches: %w", err)
-	}
-	return nil
-}
-
-// fioArgs are the arguments of fio's 4 KiB random read: psync, 4 jobs, O_DIRECT, for a fixed time.
-func (b *bench) fioArgs(file string) []string {
-	return []string{"--name=randread", "--filename=" + file, "--readonly", "--rw=randread", "--bs=4k",
-		"--ioengine=psync", "--direct=1", "--numjobs=4", "--group_reporting", "--time_based",
-		fmt.Sprintf("--runtime=%ds", int(b.cfg.fioTime.Seconds())), "--randrepeat=0", "--norandommap",
-		"--output-format=json"}
-}
-
-func measureFio(b *bench, w *workload, c *contestant, e *exposure, run int) ([]sample, error) {
-	// fio runs for --fio-time once its jobs have opened the file, and
-	// needs a moment to start and end: a minute more, or the workload's
-	// own cutoff for slow readers more.
-	slack := time.Minute
-	if w.timeout > 0 {
-		slack = w.timeout
-	}
-	r := b.run(&cmd{name: "fio", args: b.fioArgs(e.file), timeout: b.cfg.fioTime + slack, stall: stallOf(w), stuck: b.abortExposure(e)})
-	s, err := r.sample("iops")
-	if err != nil {
-		return []sample{s}, err
-	}
-	var out struct {
-		Jobs []struct {
-			Error int `json:"error"`
-			Read  struct {
-				IOPS    float64 `json:"iops"`
-				IOBytes int64   `json:"io_bytes"`
-			} `json:"read"`
-		} `json:"jobs"`
-	}
-	js := r.stdout
-	if i := strings.IndexByte(js, '{'); i > 0 {
-		js = js[i:] // fio may print notes before the JSON
-	}
-	if err := json.Unmarshal([]byte(js), &out); err != nil {
-		return []sample{s}, fmt.Errorf("fio output: %v", err)
-	}
-	if len(out.Jobs) != 1 {
-		return []sample{s}, fmt.Errorf("fio reported %d job groups, want 1", len(out.Jobs))
-	}
-	if out.Jobs[0].Error != 0 {
-		return []sample{s}, fmt.Errorf("fio: error %d (%s)", out.Jobs[0].Error, lastLines(r.stderr, 2))
-	}
-	s.ops, s.bytes = out.Jobs[0].Read.IOPS, out.Jobs[0].Read.IOBytes
-	if s.ops <= 0 {
-		return []sample{s}, fmt.Errorf("fio: no reads completed (%s)", lastLines(r.stderr, 2))
-	}
-	return []sample{s}, nil
-}
-
-// measureCopy copies the exposed file with cp --sparse=always (or, for
-// qemu-img convert, converts the image) after dropping the caches; the
-// first run of each contestant also records the output's allocated size
-// and checks its bytes against the image's raw twin.
-func measureCopy(b *bench, w *workload, c *contestant, e *exposure, run int) ([]sample, error) {
-	im := imageByName(w.image)
-	outDir := filepath.Join(b.cfg.work, "out")
-	if w.outTmpfs || w.tmpfs {
-		outDir = filepath.Join(b.tmpfsDir(), "out")
-	}
-	if err := os.MkdirAll(outDir, 0o755); err != nil {
-		return nil, err
-	}
-	out := filepath.Join(outDir, "copy.raw")
-	os.Remove(out)
-	defer os.Remove(out)
-	if err := b.dropCachesIfAllowed(); err != nil {
-		return nil, err
-	}
-	var c1 *cmd
-	if c.id == "convert" {
-		c1 = &cmd{name: "qemu-img", args: []string{"convert", "-O", "raw", filepath.Join(b.imageRoot(w), "img", im.name, im.name+".qcow2"), out}}
-	} else {
-		c1 = &cmd{name: "cp", args: []string{"--sparse=always", e.file, out}, stuck: b.abortExposure(e)}
-	}
-	c1.timeout = b.timeoutOf(w)
-	r := b.run(c1)
-	s, err := r.sample("time")
-	if err != nil {
-		return []sample{s}, err
-	}
-	if run == 1 {
-		alloc, err := allocated(out)
-		if err != nil {
-			return []sample{s}, err
-		}
-		s.note = fmt.Sprintf("du %s", humanBytes(alloc))
-		// The baselines' outputs are the raw twin by construction (the
-		// raw row copies the twin; qemu-img made the twin and the
-		// image): comparing them would only cost a read of both. A peer
-		// is checked once per image: the tmpfs variant reads the same
-		// bytes with the same code. qcowfs is checked every time: it
-		// finds the host extents with FIEMAP on ext4 and with lseek on
-		// a tmpfs, which has no FIEMAP.
-		key := c.id + " " + im.name
-		if c.role == baseline {
-			return []sample{s}, nil
-		}
-		if c.role == peer && b.verified[key] != "" {
-			s.note += ", bytes checked in " + b.verified[key]
-			return []sample{s}, nil
-		}
-		same, err := sameBytes(out, b.rawPath(im.raw))
-		if err != nil {
-			return []sample{s}, fmt.Errorf("comparing the copy with the raw twin: %w", err)
-		}
-		if !same.equal {
-			return []sample{s}, fmt.Errorf("the copy differs from `qemu-img convert -O raw`: %s", same.why)
-		}
-		s.note = fmt.Sprintf("du %s, bytes = qemu-img's", humanBytes(alloc))
-		b.verified[key] = w.id
-	}
-	return []sample{s}, nil
-}
-
-// prepareGuest attaches the exposed disk to a read-only loop device, adds
-// its partition with partx (this kernel parses no partition tables) and
-// mounts the ext4 file system in it read-only.
-func prepareGuest(b *bench, w *workload, e *exposure) error {
-	out, err := b.must(&cmd{name: "losetup", args: []string{"-r", "-f", "--show", e.file}, timeout: time.Minute, stuck: b.abortExposure(e)})
-	if err != nil {
-		return err
-	}
-	dev := strings.TrimSpace(out)
-	if !strings.HasPrefix(dev, "/dev/loop") {
-		return fmt.Errorf("losetup attached %s to %q", e.file, dev)
-	}
-	e.undos = append(e.undos, b.push("detach "+dev, func() error {
-		_, err := b.must(&cmd{name: "losetup", args: []string{"-d", dev}, timeout: time.Minute, cleanup: true})
-		return err
-	}))
-	name := filepath.Base(dev) + "p1"
-	sys := filepath.Join("/sys/block", filepath.Base(dev), name)
-	if !exists(sys) {
-		e.undos = append(e.undos, b.push("partx -d "+dev, func() error {
-			if !exists(sys) {
-				return nil
+	for _, tmpfs := range []bool{false, true} {
+		for _, img := range []string{"sparse1t", "fragback", "fragfwd", "prealloc"} {
+			w := &workload{id: "cp-" + img + "-ext4", title: "cp --sparse=always of " + img + ", image and output on ext4", image: img, tmpfs: tmpfs, outDisk: !tmpfs,
+				who: copiers, cold: true, cmd: cp, own: map[string]string{"convert": convert}, verify: sameAsRaw,
+				metrics: []metric{took("time", ""), lseeks, fiemaps},
+				quick:   when(img == "sparse1t" && !tmpfs, "convert", "qcowfs", "qemu-tuned")}
+			if tmpfs {
+				w.id, w.title = "cp-"+img+"-tmpfs", "cp --sparse=always of "+img+", image and output on a tmpfs (no FIEMAP)"
 			}
-			_, err := b.must(&cmd{name: "partx", args: []string{"-d", dev}, timeout: time.Minute, cleanup: true})
-			return err
-		}))
-		if _, err := b.must(&cmd{name: "partx", args: []string{"-a", dev}, timeout: time.Minute, stuck: b.abortExposure(e)}); err != nil {
-			return err
+			if img == "sparse1t" {
+				w.limit = 10 * time.Second // a reader without SEEK_DATA copies a terabyte of zeros
+			}
+			ws = append(ws, w)
 		}
 	}
-	node := filepath.Join("/dev", name)
-	if !b.waitUntil(b.ctx, 10*time.Second, func() bool { return exists(node) }) {
-		return fmt.Errorf("%s did not appear", node)
+	for _, img := range []string{"deflate", "zstd"} {
+		ws = append(ws,
+			&workload{id: "dd-" + img, title: "dd bs=1M of the 2 GiB " + img + " image, cold", image: img, cold: true, cmd: dd,
+				who:     []string{"qcowfs", "qemu", "qemu-tuned", "qcowmount", "qcowfs-strace"},
+				metrics: []metric{rate("MB/s", "", 0), cpuPerGiB, perClus}, quick: when(img == "zstd", "qcowfs", "qemu")},
+			&workload{id: "cp-" + img, title: "cp of the " + img + " image against qemu-img convert", image: img, cold: true,
+				who: []string{"convert", "qcowfs"}, cmd: cp, own: map[string]string{"convert": convert}, verify: sameAsRaw,
+				metrics: []metric{took("time", "")}})
 	}
-	if start, _ := os.ReadFile(filepath.Join(sys, "start")); strings.TrimSpace(string(start)) != strconv.Itoa(guestPartStart/512) {
-		return fmt.Errorf("%s starts at sector %q, want %d", node, strings.TrimSpace(string(start)), guestPartStart/512)
+	ws = append(ws, &workload{id: "fio-deflate", title: "fio 4 KiB random reads, 4 jobs, O_DIRECT, the deflate image", image: "deflate",
+		who: []string{"qcowfs", "qemu", "qcowmount"}, cmd: fioRead, parse: parseFio, metrics: []metric{iops, cpuPerIO}})
+	for _, img := range []string{"sparse1t", "fragback"} {
+		ws = append(ws,
+			&workload{id: "check-" + img, title: "qcowfs check against qemu-img check", image: img, who: []string{"qcowfs", "qemu-img"},
+				cold: true, cmd: rssTime + `"$BIN" check "$IMG"`, metrics: []metric{took("time", ""), checkRSS}, quick: when(img == "fragback", "qcowfs", "qemu-img")},
+			&workload{id: "map-" + img, title: "qcowfs map against qemu-img map, JSON", image: img, who: []string{"qcowfs", "qemu-img"},
+				cold: true, cmd: rssTime + `"$BIN" map --output=json "$IMG" > "$OUT"`, metrics: []metric{took("time", ""), checkRSS},
+				verify: verifyFirst(`qemu-img map --output=json "$IMG" | cmp - "$OUT"; echo "output = qemu-img's"`), quick: when(img == "fragback", "qcowfs", "qemu-img")})
 	}
-	dir, err := b.mountDir(e.c.id+"-guest", false)
-	if err != nil {
-		return err
+	for _, w := range ws {
+		w.group = "Reads"
 	}
-	if _, err := b.must(&cmd{name: "mount", args: []string{"-t", "ext4", "-o", "ro,noload", node, dir}, timeout: time.Minute, stuck: b.abortExposure(e)}); err != nil {
-		os.Remove(dir)
-		return err
+	return ws
+}
+
+// when is who if cond holds: the quick subset's contestants of a row.
+func when(cond bool, who ...string) []string {
+	if cond {
+		return who
 	}
-	e.undos = append(e.undos, b.push("unmount "+dir, func() error {
-		_, err := b.must(&cmd{name: "umount", args: []string{dir}, timeout: time.Minute, cleanup: true})
-		if err != nil && isMounted(dir) {
-			syscall.Unmount(dir, syscall.MNT_DETACH)
-		}
-		if isMounted(dir) {
-			return fmt.Errorf("%s: still mounted", dir)
-		}
-		os.Remove(dir)
-		return nil
-	}))
-	e.guest = dir
 	return nil
 }
 
-// measureGuest drops the caches and reads every file of the guest file
-// system with tar, counting the archive's bytes.
-func measureGuest(b *bench, w *workload, c *contestant, e *exposure, run int) ([]sample, error) {
-	if err := b.dropCachesIfAllowed(); err != nil {
-		return nil, err
+// verifyFirst runs script after a contestant's first run; its last line
+// of output is the run's note.
+func verifyFirst(script string) func(e *env, t *target, o *outcome, round int) error {
+	return func(e *env, t *target, o *outcome, round int) error {
+		if round > 1 {
+			return nil
+		}
+		out, err := e.sh(script, t.vars...)
+		o.addNote(tail(out, 1))
+		return err
 	}
-	r := b.run(&cmd{name: "bash", args: []string{"-c", "set -o pipefail; tar cf - . | wc -c"}, dir: e.guest,
-		timeout: b.timeoutOf(w), stall: stallOf(w), stuck: b.abortExposure(e)})
-	s, err := r.sample("time")
+}
+
+// fioJob is the part of fio's JSON output that the bench reads.
+type fioJob struct {
+	Error int    `json:"error"`
+	Read  fioDir `json:"read"`
+	Write fioDir `json:"write"`
+	Sync  struct {
+		Lat fioLat `json:"lat_ns"`
+	} `json:"sync"`
+}
+
+// decodeFio reads fio's JSON output, which must have one job group.
+func decodeFio(stdout string) (fioJob, error) {
+	var out struct{ Jobs []fioJob }
+	stdout = stdout[max(0, strings.IndexByte(stdout, '{')):] // fio may print notes first
+	if err := json.NewDecoder(strings.NewReader(stdout)).Decode(&out); err != nil {
+		return fioJob{}, fmt.Errorf("fio output: %v", err)
+	}
+	if len(out.Jobs) != 1 || out.Jobs[0].Error != 0 {
+		return fioJob{}, fmt.Errorf("fio: %d job groups, error %v", len(out.Jobs), out.Jobs)
+	}
+	return out.Jobs[0], nil
+}
+
+type fioDir struct {
+	IOPS     float64 `json:"iops"`
+	IOBytes  float64 `json:"io_bytes"`
+	TotalIOs float64 `json:"total_ios"`
+	Clat     fioLat  `json:"clat_ns"`
+	Lat      fioLat  `json:"lat_ns"`
+}
+
+type fioLat struct {
+	Max        float64            `json:"max"`
+	Percentile map[string]float64 `json:"percentile"`
+}
+
+// parseFio reads fio's JSON (one group): iops, ios and bytes, the
+// completion latency's p99 and the worst latency in ns, and the fsync
+// latency's p99 — of the reads, or of the writes if it wrote.
+func parseFio(stdout string, o *outcome) error {
+	if !strings.Contains(stdout, "{") {
+		return nil // not fio: qemu-img bench beside fio's writers
+	}
+	j, err := decodeFio(stdout)
 	if err != nil {
-		return []sample{s}, err
+		return err
 	}
-	n, err := strconv.ParseInt(strings.TrimSpace(r.stdout), 10, 64)
-	if err != nil {
-		return []sample{s}, fmt.Errorf("tar | wc -c printed %q", r.stdout)
+	d := j.Read
+	if j.Write.TotalIOs > 0 {
+		d = j.Write
 	}
-	s.bytes = n
-	if run == 1 {
-		s.note = fmt.Sprintf("tar: %s", humanBytes(n))
+	if d.TotalIOs == 0 {
+		return fmt.Errorf("fio did no I/O")
 	}
-	return []sample{s}, nil
+	for k, v := range map[string]float64{"iops": d.IOPS, "ios": d.TotalIOs, "bytes": d.IOBytes, "p99": d.Clat.Percentile["99.000000"],
+		"max": d.Lat.Max, "sync-p99": j.Sync.Lat.Percentile["99.000000"]} {
+		o.vals[k] = v
+	}
+	return nil
 }

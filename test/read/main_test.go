@@ -1,6 +1,7 @@
 // Package read tests reading through a mount: bytes as qemu-img convert
 // makes them, holes and lseek, the tree of files, snapshots, partitions,
-// loop-mounted guests, images changed between opens.
+// changed-blocks views of bitmaps, loop-mounted guests, images changed
+// between opens.
 package read
 
 import (

@@ -1,6 +1,7 @@
 // Package write tests writable mounts: writes as qemu-io makes them, the
 // writeback cache, overlays, guest file systems written through loop
-// devices, ENOSPC, torn sectors, a daemon killed mid-write.
+// devices, ENOSPC, torn sectors, a daemon killed mid-write, persistent
+// bitmaps kept true through all of it.
 package write
 
 import (
