@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"math/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,10 +26,23 @@ type patternWrite struct {
 }
 
 // overlayWrites straddle clusters, fill some, and overwrite the base's
-// data and holes.
-var overlayWrites = []patternWrite{
+// data and holes; then come writes at random places (a fixed seed: the
+// same every run) of random lengths, up to 256 KiB, some overlapping.
+var overlayWrites = append([]patternWrite{
 	{0, 4096, 0xa1}, {64<<10 - 512, 1024, 0xa2}, {1 << 20, 3 << 20, 0xa3},
 	{10<<20 + 4096, 100000, 0xa4}, {40<<20 - 7, 64 << 10, 0xa5},
+}, randomWrites(34, 24, 64<<20)...)
+
+// randomWrites are n writes of random lengths at random offsets of a
+// disk of size bytes, each of its own pattern byte (0xc0 on).
+func randomWrites(seed int64, n int, size int64) []patternWrite {
+	r := rand.New(rand.NewSource(seed))
+	var ws []patternWrite
+	for i := range n {
+		l := 1 + r.Int63n(256<<10)
+		ws = append(ws, patternWrite{off: r.Int63n(size - l), n: l, b: byte(0xc0 + i)})
+	}
+	return ws
 }
 
 // makeBase makes a 64 MiB qcow2 image with data of its own at path.
@@ -150,7 +164,7 @@ func TestRemoteOverlayHTTP(t *testing.T) {
 	// The base replaced on the server (nginx's ETag is its mtime and
 	// size: a new time makes a new ETag).
 	oldETag := etagOf(t, url)
-	qemu.IO(t, base, "write -P 0x99 5M 64k")
+	changeBase(t, base)
 	later := time.Now().Add(10 * time.Second)
 	os.Chtimes(base, later, later)
 	newETag := etagOf(t, url)
@@ -159,6 +173,7 @@ func TestRemoteOverlayHTTP(t *testing.T) {
 	}
 	m = mountRemote(t, harness.Daemon{}, url, "--writable", "--overlay", ov)
 	out := strings.TrimSpace(m.Said)
+	t.Logf("the mount over a replaced base says: %s", out)
 	if strings.Count(out, "\n") != 0 || !strings.Contains(out, url) || !strings.Contains(out, oldETag) || !strings.Contains(out, newETag) || !strings.Contains(out, "--accept-changed-base") {
 		t.Errorf("mount over a replaced base says %q; want one line naming %s, both versions (%s, %s) and --accept-changed-base", out, url, oldETag, newETag)
 	}
@@ -166,22 +181,27 @@ func TestRemoteOverlayHTTP(t *testing.T) {
 		t.Errorf("vm.raw shown over a replaced base (%v)", err)
 	}
 	m.Unmount(t)
+	// Accepted, the overlay reads as the new base written the same way.
 	m = mountRemote(t, harness.Daemon{}, url, "--writable", "--overlay", ov, "--accept-changed-base")
-	b := make([]byte, 4096)
-	f, err := os.Open(filepath.Join(m.Dir, "vm.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.ReadAt(b, 0); err != nil || b[0] != 0xa1 {
-		t.Errorf("the overlay over the new base with --accept-changed-base: %v, %#x at 0", err, b[0])
-	}
-	if _, err := f.ReadAt(b, 5<<20); err != nil || b[0] != 0x99 {
-		t.Errorf("the new base through the overlay: %v, %#x at 5 MiB", err, b[0])
-	}
+	accepted := localCopy(t, base, filepath.Join(work, "local3.qcow2"), append(append([]patternWrite{}, overlayWrites...), more...))
+	harness.SameFile(t, filepath.Join(m.Dir, "vm.raw"), qemu.ToRaw(t, accepted, filepath.Join(work, "accepted.raw")))
 	if log := m.LogText(t); !strings.Contains(log, "--accept-changed-base") {
 		t.Errorf("the log does not say the overlay is served over another base:\n%s", log)
 	}
+}
+
+// changeBase writes 64 KiB at 5 MiB of the base image, where no write
+// of overlayWrites lands: an overlay served over the changed base shows
+// the change.
+func changeBase(t testing.TB, base string) {
+	t.Helper()
+	const off, n = 5 << 20, 64 << 10
+	for _, w := range overlayWrites {
+		if w.off < off+n && w.off+w.n > off {
+			t.Fatalf("a write of overlayWrites (%d bytes at %d) lands where changeBase writes", w.n, w.off)
+		}
+	}
+	qemu.IO(t, base, fmt.Sprintf("write -P 0x99 %d %d", off, n))
 }
 
 // qemuCompare runs qemu-img compare of a and b (qemu opening every
@@ -298,7 +318,7 @@ func TestRemoteOverlayS3(t *testing.T) {
 	m.Unmount(t)
 
 	oldETag, _ := srv.Put(t, "vms", "fleet/deep/vm.qcow2", got) // the same bytes again: the same ETag
-	qemu.IO(t, base, "write -P 0x99 5M 64k")
+	changeBase(t, base)
 	b, err := os.ReadFile(base)
 	if err != nil {
 		t.Fatal(err)
@@ -306,6 +326,7 @@ func TestRemoteOverlayS3(t *testing.T) {
 	newETag, _ := srv.Put(t, "vms", "fleet/deep/vm.qcow2", b)
 	m = mountRemote(t, harness.Daemon{Env: env}, "s3://vms/fleet/", "--s3-endpoint", srv.Endpoint, "--writable", "--overlay", ov)
 	out = strings.TrimSpace(m.Said)
+	t.Logf("the mount over a replaced object says: %s", out)
 	if strings.Count(out, "\n") != 0 || !strings.Contains(out, "s3://vms/fleet/deep/vm.qcow2") || !strings.Contains(out, oldETag) || !strings.Contains(out, newETag) || !strings.Contains(out, "--accept-changed-base") {
 		t.Errorf("mount over a replaced object says %q; want one line naming the image, %s, %s and --accept-changed-base", out, oldETag, newETag)
 	}
@@ -317,18 +338,8 @@ func TestRemoteOverlayS3(t *testing.T) {
 	}
 	m.Unmount(t)
 	m = mountRemote(t, harness.Daemon{Env: env}, "s3://vms/fleet/", "--s3-endpoint", srv.Endpoint, "--writable", "--overlay", ov, "--accept-changed-base")
-	p := make([]byte, 1)
-	f, err := os.Open(filepath.Join(m.Dir, "deep", "vm.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.ReadAt(p, 5<<20); err != nil || p[0] != 0x99 {
-		t.Errorf("the new base through the accepted overlay: %v, %#x", err, p[0])
-	}
-	if _, err := f.ReadAt(p, 1<<20); err != nil || p[0] != 0xa3 {
-		t.Errorf("the overlay's writes over the new base: %v, %#x", err, p[0])
-	}
+	accepted := localCopy(t, base, filepath.Join(work, "local3.qcow2"), overlayWrites)
+	harness.SameFile(t, filepath.Join(m.Dir, "deep", "vm.raw"), qemu.ToRaw(t, accepted, filepath.Join(work, "accepted.raw")))
 }
 
 // readObject reads bucket/key whole.
@@ -393,4 +404,51 @@ func TestRemoteOverlayGuest(t *testing.T) {
 	}
 	ro, _ := harness.MountGuest(t, part, "ro,noload")
 	harness.CompareTrees(t, harness.ReadTree(t, ro), want)
+}
+
+// TestRemoteOverlayChain: an overlay over a remote image whose own backing
+// file is remote (sub/top.qcow2 over ../base.qcow2 on nginx). qemu opens
+// the overlay's chain over http to the bottom (qemu-img compare with a
+// local copy written the same way). The base of the chain replaced on the
+// server, top unchanged: the overlay is refused, naming the base's URL and
+// both its versions; with --accept-changed-base it is served.
+func TestRemoteOverlayChain(t *testing.T) {
+	harness.RequireFUSE(t)
+	root := qemu.TempDir(t)
+	top := makeChain(t, root)
+	ng := servers.StartNginx(t, root, false)
+	url, baseURL := ng.URL+"/sub/top.qcow2", ng.URL+"/base.qcow2"
+	allow := "--allow-backing-outside=" + ng.URL + "/"
+	ov := filepath.Join(t.TempDir(), "overlays")
+	work := t.TempDir()
+	want := localCopy(t, top, filepath.Join(work, "local.qcow2"), overlayWrites)
+
+	m := mountRemote(t, harness.Daemon{}, url, "--writable", "--overlay", ov, allow)
+	writeThrough(t, filepath.Join(m.Dir, "top.raw"), overlayWrites)
+	m.Unmount(t)
+	o := filepath.Join(ov, "top.qcow2")
+	qemu.CheckClean(t, o)
+	if out, err := qemuCompare(o, want); err != nil {
+		t.Errorf("qemu-img compare of the overlay over a remote chain with the local copy: %v\n%s", err, out)
+	}
+
+	oldETag := etagOf(t, baseURL)
+	base := filepath.Join(root, "base.qcow2")
+	changeBase(t, base)
+	later := time.Now().Add(10 * time.Second)
+	os.Chtimes(base, later, later)
+	newETag := etagOf(t, baseURL)
+	m = mountRemote(t, harness.Daemon{}, url, "--writable", "--overlay", ov, allow)
+	out := strings.TrimSpace(m.Said)
+	t.Logf("the mount over a replaced bottom of the chain says: %s", out)
+	if strings.Count(out, "\n") != 0 || !strings.Contains(out, baseURL) || !strings.Contains(out, oldETag) || !strings.Contains(out, newETag) || !strings.Contains(out, "--accept-changed-base") {
+		t.Errorf("mount over a replaced base of the chain says %q; want one line naming %s, both versions (%s, %s) and --accept-changed-base", out, baseURL, oldETag, newETag)
+	}
+	if _, err := os.Stat(filepath.Join(m.Dir, "top.raw")); !os.IsNotExist(err) {
+		t.Errorf("top.raw shown over a replaced base (%v)", err)
+	}
+	m.Unmount(t)
+	m = mountRemote(t, harness.Daemon{}, url, "--writable", "--overlay", ov, allow, "--accept-changed-base")
+	accepted := localCopy(t, top, filepath.Join(work, "accepted.qcow2"), overlayWrites)
+	harness.SameFile(t, filepath.Join(m.Dir, "top.raw"), qemu.ToRaw(t, accepted, filepath.Join(work, "accepted.raw")))
 }
