@@ -102,7 +102,7 @@ func removeStaleTempOverlays() {
 
 // processTag names the process pid for as long as it lives: its ID, its
 // start time and the boot's ID, "PID-START-BOOT". An error means there
-// is no such process.
+// is no such process, or only its zombie.
 func processTag(pid int) (string, error) {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -117,6 +117,11 @@ func processTag(pid int) (string, error) {
 	f := strings.Fields(string(stat[i+1:]))
 	if len(f) < 20 {
 		return "", fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+	}
+	if f[0] == "Z" || f[0] == "X" {
+		// Dead, not yet reaped (a container's init may never reap
+		// it): it uses its folder no more.
+		return "", fmt.Errorf("process %d is dead (state %s)", pid, f[0])
 	}
 	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {

@@ -49,11 +49,14 @@ type RemoteStats struct {
 
 // A Status is what the tests read of qcowfs status --output=json.
 type Status struct {
-	Writable  bool   `json:"writable"`
-	Overlay   string `json:"overlay"`
-	CacheMode string `json:"cache-mode"`
-	Refused   []struct{ Image, Reason, Hint string }
-	Images    struct {
+	Writable bool   `json:"writable"`
+	Overlay  string `json:"overlay"`
+	// TempOverlay: Overlay is the folder of throwaway overlays
+	// (--overlay=temp), removed at unmount.
+	TempOverlay bool   `json:"temp-overlay"`
+	CacheMode   string `json:"cache-mode"`
+	Refused     []struct{ Image, Reason, Hint string }
+	Images      struct {
 		Open []OpenImage `json:"open-images"`
 		Errors
 		Remote *RemoteStats `json:"remote"` // nil but for a remote mount

@@ -452,3 +452,53 @@ func TestRemoteOverlayChain(t *testing.T) {
 	accepted := localCopy(t, top, filepath.Join(work, "accepted.qcow2"), overlayWrites)
 	harness.SameFile(t, filepath.Join(m.Dir, "top.raw"), qemu.ToRaw(t, accepted, filepath.Join(work, "accepted.raw")))
 }
+
+// TestRemoteTempOverlay: throwaway overlays (--writable --overlay=temp)
+// over an image on nginx, without --cache-dir: writes read back as the
+// base written the same way (qemu-io into a local copy); the folder of
+// overlays, which qcowfs status names, holds the one image written, and
+// qemu reads that overlay over http as the local copy (qemu-img compare
+// -U after fsync); nginx only served reads, and its file is unchanged.
+// After unmount the folder is gone, and the next mount reads the
+// original.
+func TestRemoteTempOverlay(t *testing.T) {
+	harness.RequireFUSE(t)
+	root := qemu.TempDir(t)
+	base := filepath.Join(root, "vm.qcow2")
+	makeBase(t, base)
+	before := sha(t, base)
+	ng := servers.StartNginx(t, root, false)
+	url := ng.URL + "/vm.qcow2"
+	t.Setenv("TMPDIR", t.TempDir()) // the daemons' and qcowfs unmount's
+	work := t.TempDir()
+	want := localCopy(t, base, filepath.Join(work, "local.qcow2"), overlayWrites)
+
+	m := mountRemote(t, harness.Racy, url, "--writable", "--overlay=temp")
+	st, out := harness.StatusOf(t, m.Dir)
+	if !st.TempOverlay || !strings.HasPrefix(st.Overlay, os.Getenv("TMPDIR")+"/") {
+		t.Fatalf("qcowfs status: overlay %q, temp %v; want a throwaway folder under $TMPDIR\n%s", st.Overlay, st.TempOverlay, out)
+	}
+	raw := filepath.Join(m.Dir, "vm.raw")
+	writeThrough(t, raw, overlayWrites)
+	harness.SameFile(t, raw, qemu.ToRaw(t, want, filepath.Join(work, "want.raw")))
+	if names, _ := filepath.Glob(filepath.Join(st.Overlay, "*")); len(names) != 1 || filepath.Base(names[0]) != "vm.qcow2" {
+		t.Errorf("the folder of throwaway overlays holds %v; want vm.qcow2", names)
+	}
+	if out, err := qemuCompare(filepath.Join(st.Overlay, "vm.qcow2"), want); err != nil {
+		t.Errorf("qemu-img compare of the throwaway overlay with the local copy: %v\n%s", err, out)
+	}
+	m.Unmount(t)
+	if _, err := os.Lstat(st.Overlay); !os.IsNotExist(err) {
+		t.Errorf("the folder of throwaway overlays %s is still there after unmount (%v)", st.Overlay, err)
+	}
+	if sha(t, base) != before {
+		t.Errorf("the image on the server changed")
+	}
+	for _, a := range ng.Log(t) {
+		if a.Method != "GET" && a.Method != "HEAD" {
+			t.Errorf("nginx got %s %s: an overlay mount only reads", a.Method, a.URI)
+		}
+	}
+	m = mountRemote(t, harness.Daemon{}, url, "--writable", "--overlay=temp")
+	harness.SameFile(t, filepath.Join(m.Dir, "vm.raw"), wantRaw(t, work, base))
+}
