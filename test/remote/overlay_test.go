@@ -502,3 +502,61 @@ func TestRemoteTempOverlay(t *testing.T) {
 	m = mountRemote(t, harness.Daemon{}, url, "--writable", "--overlay=temp")
 	harness.SameFile(t, filepath.Join(m.Dir, "vm.raw"), wantRaw(t, work, base))
 }
+
+// TestRemoteOverlayS3Version: an overlay over a single object of a
+// versioned bucket records its version id, not its ETag: the same bytes
+// stored again (the same ETag, a new version id) are another base. The
+// mount of the object (not a prefix) makes DIR/vm.qcow2; the remount
+// reads the writes; after the new PUT the overlay is refused, the line
+// naming both version ids; --accept-changed-base serves it.
+func TestRemoteOverlayS3Version(t *testing.T) {
+	harness.RequireFUSE(t)
+	srv := servers.StartVersityWith(t, t.TempDir(), "qcowfs-test-access", "qcowfs-test-secret-0123456789", servers.VersityOptions{Versioning: true})
+	srv.MakeBucket(t, "vbucket", true)
+	work := qemu.TempDir(t)
+	base := filepath.Join(work, "vm.qcow2")
+	makeBase(t, base)
+	b, err := os.ReadFile(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	etag, v1 := srv.Put(t, "vbucket", "img/vm.qcow2", b)
+	if v1 == "" {
+		t.Fatal("versitygw gave no version id in a versioned bucket")
+	}
+	env := s3Env(t, srv.Access, srv.Secret)
+	ov := filepath.Join(t.TempDir(), "overlays")
+	want := qemu.ToRaw(t, localCopy(t, base, filepath.Join(work, "local.qcow2"), overlayWrites), filepath.Join(work, "want.raw"))
+	src := "s3://vbucket/img/vm.qcow2"
+	mount := func(extra ...string) *harness.Mounted {
+		return mountRemote(t, harness.Daemon{Env: env}, src, append([]string{"--s3-endpoint", srv.Endpoint, "--writable", "--overlay", ov}, extra...)...)
+	}
+
+	m := mount()
+	writeThrough(t, filepath.Join(m.Dir, "vm.raw"), overlayWrites)
+	m.Unmount(t)
+	o := filepath.Join(ov, "vm.qcow2")
+	if in := qemu.Info(t, o); in["backing-filename"] != src {
+		t.Errorf("qemu-img info of the overlay: backing file %v, want %s", in["backing-filename"], src)
+	}
+	m = mount()
+	harness.SameFile(t, filepath.Join(m.Dir, "vm.raw"), want)
+	m.Unmount(t)
+
+	etag2, v2 := srv.Put(t, "vbucket", "img/vm.qcow2", b)
+	if etag2 != etag || v2 == v1 {
+		t.Fatalf("the same bytes stored again: ETag %s then %s, version %s then %s; want the same ETag, another version", etag, etag2, v1, v2)
+	}
+	m = mount()
+	out := strings.TrimSpace(m.Said)
+	t.Logf("the mount over a new version says: %s", out)
+	if strings.Count(out, "\n") != 0 || !strings.Contains(out, src) || !strings.Contains(out, v1) || !strings.Contains(out, v2) || !strings.Contains(out, "--accept-changed-base") {
+		t.Errorf("mount over a new version of the object says %q; want one line naming %s, versions %s and %s, and --accept-changed-base", out, src, v1, v2)
+	}
+	if _, err := os.Stat(filepath.Join(m.Dir, "vm.raw")); !os.IsNotExist(err) {
+		t.Errorf("vm.raw shown over another version of its base (%v)", err)
+	}
+	m.Unmount(t)
+	m = mount("--accept-changed-base")
+	harness.SameFile(t, filepath.Join(m.Dir, "vm.raw"), want)
+}
