@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 )
@@ -30,6 +31,13 @@ type Client struct {
 
 	s3mu  sync.Mutex // held while the S3 client is made
 	s3api *s3.Client // made on first s3:// use; s3mu
+
+	// Hydrations (hydrate.go): every one started, the disk cache bytes
+	// they took, and when the rate cap lets the next bytes go.
+	hydMu      sync.Mutex
+	hydrations []*Hydration
+	hydUsed    int64
+	hydNext    time.Time
 
 	mu      sync.Mutex
 	ids     map[string]*idRef // cache ids by object identity
@@ -214,6 +222,9 @@ func (c *Client) Stats() ClientStats {
 	c.mu.Lock()
 	s.Objects = len(c.objects)
 	c.mu.Unlock()
+	if hs := c.Hydrations(); len(hs) > 0 {
+		s.Hydration = hs
+	}
 	return s
 }
 

@@ -86,6 +86,16 @@
 // Prefetches wait for a connection, but hold at most Connections-2 of them
 // together, so that demand reads always find one soon.
 //
+// # Hydration
+//
+// Object.Hydrate fetches byte ranges the caller names (for a qcow2 image,
+// its metadata and data clusters: qcow2.Image.HostRanges) into the disk
+// cache in the background, lowest offsets first, in runs of up to
+// MaxRequest, on the prefetches' share of the connections, under
+// Options.HydrateRate, bounded by CacheDirSize (hydrate.go). Chunks in
+// the disk cache already (a later Client of the same version) are not
+// fetched again. Client.Stats lists each hydration's progress.
+//
 // # Counters
 //
 // Object.Stats and Client.Stats count requests, bytes, retries, cache hits
