@@ -65,6 +65,9 @@ type Config struct {
 	// write to one makes its overlay there (overlay.go). Required for a
 	// writable remote source.
 	Overlay string
+	// Hydrate: fetch each remote image a reader opens into the remote
+	// client's disk cache in the background (hydrate.go).
+	Hydrate bool
 	// AcceptChangedBase serves overlays of remote images whose base is
 	// not the version they were made on (overlaybase.go), with a log
 	// line, instead of refusing them.
@@ -125,6 +128,11 @@ type mount struct {
 	// ctx ends the mount's background work (Root.Close).
 	ctx    context.Context
 	cancel context.CancelFunc
+
+	// hydrated: the images (rel and generation) and remote files (URL
+	// and version) whose hydration started (hydrate.go).
+	hydMu    sync.Mutex
+	hydrated map[string]bool
 }
 
 // Root is the root folder of a mount: the source folder, or for a single

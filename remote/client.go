@@ -149,7 +149,11 @@ func (c *Client) Open(ctx context.Context, rawURL string) (*Object, error) {
 	c.objects[o] = struct{}{}
 	c.mu.Unlock()
 
-	// Keep the first chunk: it holds the image's header.
+	// Keep the first chunk: it holds the image's header (on disk too,
+	// where a hydration finds it).
+	if c.disk != nil && n > 0 && n == int64(o.chunkLen(0)) {
+		c.disk.put(o.diskKey, 0, buf[:n])
+	}
 	if n > 0 {
 		if s, res := c.cache.get(chunkKey{o.id, 0}); res == reserved {
 			copy(s.buf, buf[:n])

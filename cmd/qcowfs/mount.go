@@ -42,6 +42,7 @@ type mountCmd struct {
 	// command lines written when it was not.
 	WritebackCache    bool          `hidden:"" help:"The default with --writable."`
 	Overlay           string        `placeholder:"DIR" help:"With --writable: never change the images; the first write to an image makes its overlay DIR/REL (a qcow2 whose backing file is the original, by path or URL; REL is the image's path below the source), and writes go there; a later mount with the same DIR picks them up. DIR must lie outside the source and the mount point. --overlay=temp: throwaway overlays in a folder of the daemon's own, removed at unmount (a folder named temp: ./temp). Required for --writable with a URL. See Overlays in the README."`
+	Hydrate           hydrateFlag   `placeholder:"RATE" help:"Remote images, with --cache-dir: once a reader opens an image, fetch everything a read of the whole disk needs (its tables and data clusters, never holes) into the disk cache in the background, readers first; --hydrate=RATE caps it at RATE bytes a second (50M). See Hydration in the README."`
 	AcceptChangedBase bool          `help:"Serve an overlay of a remote image even if its base is no longer the version the overlay was made on (the mount refuses such overlays, naming both versions): its writes then land on another base."`
 	FSName            string        `name:"fsname" placeholder:"NAME" help:"What mount, df and findmnt show as the source (default: the source path)."`
 	RemoteRefresh     time.Duration `default:"30s" placeholder:"DURATION" help:"Remote sources: list again when the listing is this old, at the next lookup or listing; objects added or replaced show up then (default: ${default})."`
@@ -174,6 +175,9 @@ func (c *mountCmd) preflight() error {
 	}
 	if c.Overlay != "" && !c.Writable {
 		return usageErrorf("--overlay needs --writable: an overlay holds what is written")
+	}
+	if c.Hydrate.On && (!remote.IsURL(c.Source) || c.CacheDir == "") {
+		return usageErrorf("--hydrate needs a remote source and --cache-dir: it fetches remote images into the disk cache")
 	}
 	if c.AcceptChangedBase && c.Overlay == "" {
 		return usageErrorf("--accept-changed-base needs --overlay: it is about overlays of remote images")

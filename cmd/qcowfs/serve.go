@@ -121,6 +121,7 @@ func (s *session) newRoot() error {
 		TestHook:      testHook(),
 
 		AcceptChangedBase: c.AcceptChangedBase,
+		Hydrate:           c.Hydrate.On,
 	}
 	if c.Overlay == tempOverlay {
 		dir, err := makeTempOverlayDir()
@@ -137,6 +138,7 @@ func (s *session) newRoot() error {
 		cfg.Overlay, s.tempOverlays = dir, dir
 	}
 	if remote.IsURL(c.Source) {
+		c.hydrateRate = int64(c.Hydrate.Rate)
 		client, err := c.client(s.log)
 		if err != nil {
 			return err

@@ -41,10 +41,22 @@ type Errors struct {
 
 // RemoteStats are the remote client's counters of a remote mount.
 type RemoteStats struct {
-	Requests int64 `json:"requests"`
-	Bytes    int64 `json:"bytes"`
-	Retries  int64 `json:"retries"`
-	Errors   int64 `json:"errors"`
+	Requests  int64       `json:"requests"`
+	Bytes     int64       `json:"bytes"`
+	Retries   int64       `json:"retries"`
+	Errors    int64       `json:"errors"`
+	Hydration []Hydration `json:"hydration"`
+}
+
+// Hydration is one remote file's hydration (--hydrate).
+type Hydration struct {
+	URL     string  `json:"url"`
+	Needed  int64   `json:"needed"`
+	Done    int64   `json:"done"`
+	Fetched int64   `json:"fetched"`
+	Percent float64 `json:"percent"`
+	Rate    int64   `json:"rate"`
+	State   string  `json:"state"`
 }
 
 // A Status is what the tests read of qcowfs status --output=json.

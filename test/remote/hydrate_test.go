@@ -1,0 +1,114 @@
+package remote
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/qcowfs/qcowfs/test/harness"
+	"github.com/qcowfs/qcowfs/test/qemu"
+	"github.com/qcowfs/qcowfs/test/servers"
+)
+
+// TestRemoteHydrate: --hydrate with --cache-dir over an image on nginx
+// with data, a compressed cluster, and clusters a discard freed (their
+// bytes still in the file). Opening vm.raw, without reading it, starts
+// the hydration; qcowfs status shows it running, then complete at 100 %
+// of the bytes needed. nginx's log: every data cluster (qemu-img map)
+// fetched exactly once, and no request touches the freed clusters. Then
+// nginx is stopped and cp --sparse=always of vm.raw still gives qemu's
+// bytes: the reads never needed the network.
+func TestRemoteHydrate(t *testing.T) {
+	harness.RequireFUSE(t)
+	root := qemu.TempDir(t)
+	img := filepath.Join(root, "vm.qcow2")
+	qemu.Create(t, "qcow2", img, "64M")
+	qemu.IO(t, img, "write -P 0x11 0 2M", "write -P 0x22 10M 3M", "write -c -P 0x33 30M 64k", "write -P 0x44 50M 1M")
+	var freed []int64 // host offsets of clusters the discard frees
+	for _, e := range qemu.Map(t, img) {
+		if e.Offset != nil && e.Start < 11<<20+512<<10 && e.Start+e.Length > 11<<20 {
+			for p := max(e.Start, 11<<20); p < min(e.Start+e.Length, 11<<20+512<<10); p += 64 << 10 {
+				freed = append(freed, *e.Offset+p-e.Start)
+			}
+		}
+	}
+	qemu.IO(t, img, "discard 11M 512k")
+	if len(freed) != 8 {
+		t.Fatalf("want 8 clusters freed by the discard, qemu-img map says %v", freed)
+	}
+	work := t.TempDir()
+	want := qemu.ToRaw(t, img, filepath.Join(work, "want.raw"))
+	const cs = 64 << 10      // the cluster size, and the tests' chunk size
+	data := map[int64]bool{} // host chunks holding data clusters
+	for _, e := range qemu.Map(t, img) {
+		if e.Data && e.Offset != nil {
+			for p := *e.Offset; p < *e.Offset+e.Length; p += cs {
+				data[p/cs] = true
+			}
+		}
+	}
+	ng := servers.StartNginx(t, root, false)
+	url := ng.URL + "/vm.qcow2"
+
+	if _, out, err := tryMountRemote(t, harness.Daemon{}, url, "--hydrate"); err == nil || !strings.Contains(out, "--cache-dir") {
+		t.Errorf("--hydrate without --cache-dir: %v, %q; want a refusal naming --cache-dir", err, out)
+	}
+	m := mountRemote(t, harness.Racy, url, "--cache-dir", t.TempDir(), "--hydrate")
+	f, err := os.Open(filepath.Join(m.Dir, "vm.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var h harness.Hydration
+	harness.WaitFor(t, "the hydration to complete", 30*time.Second, func() bool {
+		hs := remoteStats(t, m).Hydration
+		if len(hs) != 1 {
+			return false
+		}
+		h = hs[0]
+		return h.State != "running"
+	})
+	if h.State != "complete" || h.Percent != 100 || h.Done != h.Needed || h.URL != url {
+		t.Fatalf("hydration status %+v; want %s complete", h, url)
+	}
+	// Needed: the metadata and data clusters, not the freed ones.
+	if st, err := os.Stat(img); err != nil || h.Needed > st.Size()-int64(len(freed))*cs {
+		t.Errorf("hydration needs %d bytes of a file of %d with %d freed clusters (%v)", h.Needed, st.Size(), len(freed), err)
+	}
+	r := harness.Run(t, "status", m.Dir)
+	if !strings.Contains(r.Stdout, "hydration:   1 file") || !strings.Contains(r.Stdout, url+": complete, 100.0% of") {
+		t.Errorf("qcowfs status does not show the hydration:\n%s", r.Stdout)
+	}
+
+	fetched := map[int64]int{}
+	for _, a := range ng.Log(t) {
+		var lo, hi int64
+		if _, err := fmt.Sscanf(a.Range, "bytes=%d-%d", &lo, &hi); err != nil {
+			continue
+		}
+		for _, fr := range freed {
+			if lo <= fr+cs-1 && fr <= hi {
+				t.Errorf("request for %s: touches the freed cluster at %d", a.Range, fr)
+			}
+		}
+		for p := lo / cs * cs; p <= hi; p += cs {
+			fetched[p/cs]++
+		}
+	}
+	for idx := range data {
+		if fetched[idx] != 1 {
+			t.Errorf("data chunk %d fetched %d times, want once", idx, fetched[idx])
+		}
+	}
+
+	ng.Stop()
+	out := filepath.Join(work, "copy.raw")
+	if b, err := exec.Command("cp", "--sparse=always", filepath.Join(m.Dir, "vm.raw"), out).CombinedOutput(); err != nil {
+		t.Fatalf("cp of the hydrated image with nginx stopped: %v %s", err, b)
+	}
+	harness.SameFile(t, out, want)
+}
