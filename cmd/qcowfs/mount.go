@@ -176,9 +176,6 @@ func (c *mountCmd) preflight() error {
 	if c.Overlay != "" && !c.Writable {
 		return usageErrorf("--overlay needs --writable: an overlay holds what is written")
 	}
-	if c.Hydrate.On && (!remote.IsURL(c.Source) || c.CacheDir == "") {
-		return usageErrorf("--hydrate needs a remote source and --cache-dir: it fetches remote images into the disk cache")
-	}
 	if c.AcceptChangedBase && c.Overlay == "" {
 		return usageErrorf("--accept-changed-base needs --overlay: it is about overlays of remote images")
 	}
@@ -265,6 +262,10 @@ func (c *mountCmd) preflight() error {
 		if err := checkOverlayDir(c.Overlay, "", realMnt); err != nil {
 			return err
 		}
+	}
+	// (After the source's checks: a missing source says so first.)
+	if c.Hydrate.On && (!remote.IsURL(c.Source) || c.CacheDir == "") {
+		return usageErrorf("--hydrate needs a remote source and --cache-dir: it fetches remote images into the disk cache")
 	}
 	if c.Overlay == tempOverlay {
 		if _, err := makeTempOverlayRoot(); err != nil {
