@@ -532,6 +532,20 @@ func (t *remoteTree) isQcow2(rel string) bool {
 	return is
 }
 
+// counts says how many objects the current listing has, and how many of
+// them were probed (isQcow2) and found to be qcow2 images.
+func (t *remoteTree) counts() (objects, images int) {
+	l := t.current()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, o := range l.objects {
+		if t.probed[probeKey{o.url, o.etag, o.size}] {
+			images++
+		}
+	}
+	return len(l.objects), images
+}
+
 // showsPlain is false: plain files are not shown (there is no descriptor
 // to serve them from).
 func (t *remoteTree) showsPlain() bool { return false }

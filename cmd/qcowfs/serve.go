@@ -240,6 +240,11 @@ func (s *session) serve() {
 	for _, line := range refusalLines(refused, c.refusalHint) {
 		s.say("%s", line)
 	}
+	if n, none := s.root.NoImages(); none {
+		line := fmt.Sprintf("%s: no qcow2 images among the %s listed (only objects that begin with the qcow2 magic are shown); the mount is empty", shownSource(c.Source), plural(n, "object"))
+		s.log.Warn(line)
+		s.say("%s", line)
+	}
 	facts := mountFacts{Source: shownSource(c.Source), Mountpoint: c.Mountpoint, PID: os.Getpid(), Started: s.started, Log: s.dest.where,
 		Writable: c.Writable, Overlay: s.cfg.Overlay, TempOverlay: s.tempOverlays != "", Hint: c.refusalHint}
 	if c.Writable {
