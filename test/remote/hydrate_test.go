@@ -112,3 +112,44 @@ func TestRemoteHydrate(t *testing.T) {
 	}
 	harness.SameFile(t, out, want)
 }
+
+// TestRemoteHydrateS3: --hydrate=RATE over a versitygw prefix: the image
+// opened is hydrated to complete (the other, never opened, is not), and
+// then cp --sparse=always of it sends no request (the daemon's counters)
+// and gives qemu's bytes.
+func TestRemoteHydrateS3(t *testing.T) {
+	srv := startS3(t, "hyd")
+	work := qemu.TempDir(t)
+	img := filepath.Join(work, "vm.qcow2")
+	qemu.Create(t, "qcow2", img, "32M")
+	qemu.IO(t, img, "write -P 0x51 1M 3M", "write -c -P 0x52 20M 256k")
+	other := filepath.Join(work, "other.qcow2")
+	qemu.Create(t, "qcow2", other, "8M")
+	qemu.IO(t, other, "write -P 0x53 0 1M")
+	putFile(t, srv, "hyd", "p/vm.qcow2", img)
+	putFile(t, srv, "hyd", "p/other.qcow2", other)
+	m := mountRemote(t, harness.Daemon{Env: s3Env(t, srv.Access, srv.Secret)}, "s3://hyd/p/", "--s3-endpoint", srv.Endpoint,
+		"--cache-dir", t.TempDir(), "--hydrate=64M")
+	f, err := os.Open(filepath.Join(m.Dir, "vm.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var hs []harness.Hydration
+	harness.WaitFor(t, "the hydration to complete", 30*time.Second, func() bool {
+		hs = remoteStats(t, m).Hydration
+		return len(hs) == 1 && hs[0].State != "running"
+	})
+	if hs[0].State != "complete" || hs[0].URL != "s3://hyd/p/vm.qcow2" {
+		t.Fatalf("hydrations %+v; want s3://hyd/p/vm.qcow2 complete, nothing else", hs)
+	}
+	before := remoteStats(t, m).Requests
+	out := filepath.Join(work, "copy.raw")
+	if b, err := exec.Command("cp", "--sparse=always", filepath.Join(m.Dir, "vm.raw"), out).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, b)
+	}
+	harness.SameFile(t, out, wantRaw(t, t.TempDir(), img))
+	if after := remoteStats(t, m).Requests; after != before {
+		t.Errorf("cp of the hydrated image sent %d requests", after-before)
+	}
+}
