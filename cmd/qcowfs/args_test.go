@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/qcowfs/qcowfs/remote"
 )
 
 func TestPrepareArgs(t *testing.T) {
@@ -206,6 +208,23 @@ func TestHydrateFlag(t *testing.T) {
 		c := &k.Model.Target.Addr().Interface().(*cli).Mount
 		if c.Hydrate.On != tc.on || c.Hydrate.Rate != tc.rate {
 			t.Errorf("%q: hydrate %+v, want on %v, rate %d", tc.args, c.Hydrate, tc.on, tc.rate)
+		}
+	}
+}
+
+func TestHydrationProgress(t *testing.T) {
+	for _, tc := range []struct {
+		hs      []remote.HydrationStatus
+		want    string
+		running bool
+	}{
+		{[]remote.HydrationStatus{{Needed: 4 << 20, Done: 1 << 20, Rate: 2 << 20, State: "running"}, {Needed: 4 << 20, Done: 4 << 20, State: "complete"}},
+			"hydrating 1 file: 62.5% of 8.0 MiB, 2.0 MiB/s", true},
+		{[]remote.HydrationStatus{{Needed: 3 << 30, Done: 3 << 30, State: "complete"}, {Needed: 1 << 30, Done: 1 << 29, State: "bounded"}},
+			"hydrated 2 files: 87.5% of 4.0 GiB", false},
+	} {
+		if got, running := hydrationProgress(tc.hs); got != tc.want || running != tc.running {
+			t.Errorf("hydrationProgress(%+v) = %q, %v; want %q, %v", tc.hs, got, running, tc.want, tc.running)
 		}
 	}
 }

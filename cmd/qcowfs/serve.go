@@ -144,6 +144,9 @@ func (s *session) newRoot() error {
 			return err
 		}
 		s.atEnd(func() { client.Close() })
+		if c.Foreground && c.Hydrate.On && isTerminal(os.Stderr) {
+			s.atEnd(showHydration(os.Stderr, client.Hydrations))
+		}
 		cfg.Remote, cfg.RemoteRefresh = client, c.RemoteRefresh
 		_, cfg.AllowBackingURLs = splitAllowed(c.AllowBackingOutside)
 	}
