@@ -24,7 +24,8 @@ import (
 // of the bytes needed. nginx's log: every data cluster (qemu-img map)
 // fetched exactly once, and no request touches the freed clusters. Then
 // nginx is stopped and cp --sparse=always of vm.raw still gives qemu's
-// bytes: the reads never needed the network.
+// bytes: the reads never needed the network. A second mount over the same
+// cache folder, meanwhile, hydrates without fetching anything.
 func TestRemoteHydrate(t *testing.T) {
 	harness.RequireFUSE(t)
 	root := qemu.TempDir(t)
@@ -60,7 +61,8 @@ func TestRemoteHydrate(t *testing.T) {
 	if _, out, err := tryMountRemote(t, harness.Daemon{}, url, "--hydrate"); err == nil || !strings.Contains(out, "--cache-dir") {
 		t.Errorf("--hydrate without --cache-dir: %v, %q; want a refusal naming --cache-dir", err, out)
 	}
-	m := mountRemote(t, harness.Racy, url, "--cache-dir", t.TempDir(), "--hydrate")
+	cache := t.TempDir()
+	m := mountRemote(t, harness.Racy, url, "--cache-dir", cache, "--hydrate")
 	f, err := os.Open(filepath.Join(m.Dir, "vm.raw"))
 	if err != nil {
 		t.Fatal(err)
@@ -107,6 +109,27 @@ func TestRemoteHydrate(t *testing.T) {
 			t.Errorf("data chunk %d fetched %d times, want once", idx, fetched[idx])
 		}
 	}
+
+	// A second mount of the same version starts warm: its hydration
+	// finds every chunk in the disk cache and fetches nothing.
+	m2 := mountRemote(t, harness.Daemon{}, url, "--cache-dir", cache, "--hydrate")
+	f2, err := os.Open(filepath.Join(m2.Dir, "vm.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, "the second hydration to end", 30*time.Second, func() bool {
+		hs := remoteStats(t, m2).Hydration
+		if len(hs) != 1 {
+			return false
+		}
+		h = hs[0]
+		return h.State != "running"
+	})
+	if h.State != "complete" || h.Fetched != 0 {
+		t.Errorf("hydration of a second mount over the same cache: %+v; want complete, nothing fetched", h)
+	}
+	f2.Close()
+	m2.Unmount(t)
 
 	ng.Stop()
 	out := filepath.Join(work, "copy.raw")
