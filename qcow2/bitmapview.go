@@ -61,7 +61,6 @@ func (img *Image) BitmapView(name string) (*BitmapView, error) {
 
 // loadBitmapView reads bitmap e from the file.
 func (l *layer) loadBitmapView(e *bitmapEntry) (*BitmapView, error) {
-	cs := l.clusterSize()
 	table, err := l.readBitmapTable(e)
 	if err != nil {
 		return nil, err
@@ -74,30 +73,41 @@ func (l *layer) loadBitmapView(e *bitmapEntry) (*BitmapView, error) {
 	size, all := l.vsize(), make([]atomic.Uint64, n)
 	v := &BitmapView{Name: e.name, Granularity: 1 << e.granBits, size: func() int64 { return size },
 		words: func() []atomic.Uint64 { return all }, release: func() { l.budget.sub(n * 8) }}
+	if err := l.readBitmapWords(e, table, all); err != nil {
+		v.release()
+		return nil, err
+	}
+	return v, nil
+}
+
+// readBitmapWords reads the data clusters of bitmap e, whose table is
+// table, into words (as many as the disk needs, or more): an entry 1
+// sets its cluster's bits, 0 leaves them clear.
+func (l *layer) readBitmapWords(e *bitmapEntry, table []uint64, words []atomic.Uint64) error {
+	cs := l.clusterSize()
 	perCluster := cs / 8
 	buf := make([]byte, cs)
 	for j, te := range table {
 		first := int64(j) * perCluster
-		if first >= n {
+		if first >= int64(len(words)) {
 			break
 		}
-		words := all[first:min(n, first+perCluster)]
+		part := words[first:min(int64(len(words)), first+perCluster)]
 		switch off := int64(te & bitmapEntryMask); {
 		case off != 0:
 			if err := l.meta.read(buf, off, fmt.Sprintf("bitmap %q data", e.name)); err != nil {
-				v.release()
-				return nil, err
+				return err
 			}
-			for i := range words {
-				words[i].Store(binary.LittleEndian.Uint64(buf[8*i:]))
+			for i := range part {
+				part[i].Store(binary.LittleEndian.Uint64(buf[8*i:]))
 			}
 		case te&1 != 0:
-			for i := range words {
-				words[i].Store(^uint64(0))
+			for i := range part {
+				part[i].Store(^uint64(0))
 			}
 		}
 	}
-	return v, nil
+	return nil
 }
 
 // Close gives the view's memory back.

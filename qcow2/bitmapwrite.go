@@ -106,22 +106,8 @@ func (w *writer) loadBitmap(e *bitmapEntry) (*trackedBitmap, error) {
 	all := make([]atomic.Uint64, n)
 	tb := &trackedBitmap{entry: e, table: table, changed: make([]atomic.Uint64, (len(table)+63)/64)}
 	tb.bits.Store(&all)
-	buf := make([]byte, cs)
-	for j, te := range table {
-		words := all[int64(j)*perCluster : int64(j+1)*perCluster]
-		switch off := int64(te & bitmapEntryMask); {
-		case off != 0:
-			if err := l.meta.read(buf, off, fmt.Sprintf("bitmap %q data", e.name)); err != nil {
-				return nil, err
-			}
-			for i := range words {
-				words[i].Store(binary.LittleEndian.Uint64(buf[8*i:]))
-			}
-		case te&1 != 0:
-			for i := range words {
-				words[i].Store(^uint64(0))
-			}
-		}
+	if err := l.readBitmapWords(e, table, all); err != nil {
+		return nil, err
 	}
 	return tb, nil
 }
