@@ -131,9 +131,9 @@ func TestRemoteOverlayHTTP(t *testing.T) {
 	if in["backing-filename"] != url || in["backing-filename-format"] != "qcow2" {
 		t.Errorf("qemu-img info of the overlay: backing file %v, format %v; want %s, qcow2", in["backing-filename"], in["backing-filename-format"], url)
 	}
-	qemu.CheckClean(t, o)
+	checkCleanCurl(t, o)
 	// qemu reads the base over http itself (curl driver).
-	if out, err := qemuCompare(o, want); err != nil {
+	if out, err := qemuCompare(t, o, want); err != nil {
 		t.Errorf("qemu-img compare of the overlay with the local copy: %v\n%s", err, out)
 	}
 	if sha(t, base) != before {
@@ -154,7 +154,7 @@ func TestRemoteOverlayHTTP(t *testing.T) {
 	writeThrough(t, raw, more)
 	m.Unmount(t)
 	localCopy(t, base, filepath.Join(work, "local2.qcow2"), append(append([]patternWrite{}, overlayWrites...), more...))
-	if out, err := qemuCompare(o, filepath.Join(work, "local2.qcow2")); err != nil {
+	if out, err := qemuCompare(t, o, filepath.Join(work, "local2.qcow2")); err != nil {
 		t.Errorf("qemu-img compare after the second mount: %v\n%s", err, out)
 	}
 	if n, _ := filepath.Glob(filepath.Join(ov, "*")); len(n) != 1 {
@@ -205,10 +205,10 @@ func changeBase(t testing.TB, base string) {
 }
 
 // qemuCompare runs qemu-img compare of a and b (qemu opening every
-// backing file itself).
-func qemuCompare(a, b string) (string, error) {
-	out, err := execOut("qemu-img", "compare", "-U", a, b)
-	return out, err
+// backing file itself, over http too: curlQemu).
+func qemuCompare(t testing.TB, a, b string) (string, error) {
+	t.Helper()
+	return curlQemu(t, "compare", "-U", a, b)
 }
 
 // etagOf is the ETag nginx gives url now.
@@ -284,14 +284,14 @@ func TestRemoteOverlayS3(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(ov, "other.qcow2")); !os.IsNotExist(err) {
 		t.Errorf("an image never written has an overlay (%v)", err)
 	}
-	if out, err := qemuCompare(o, want); err == nil || !strings.Contains(out, "Unknown protocol 's3'") {
+	if out, err := qemuCompare(t, o, want); err == nil || !strings.Contains(out, "Unknown protocol 's3'") {
 		t.Errorf("qemu-img compare of an overlay whose backing file is an s3:// URL: %v %s; want qemu's unknown protocol", err, out)
 	}
 	// Nor, with qemu 7.2, through a presigned URL: its curl driver
 	// asks with HEAD first, which a signature for GET does not allow
 	// (what the README says; a qemu that can is no failure).
 	presigned := srv.Presign(t, "vms", "fleet/deep/vm.qcow2")
-	out, err := qemuCompare(qemuJSON(t, o, presigned), want)
+	out, err := qemuCompare(t, qemuJSON(t, o, presigned), want)
 	t.Logf("qemu-img compare of the overlay over a presigned URL of its base: %v %s", err, out)
 	// A copy of the overlay rebased (-u: the name only) onto a download
 	// of the object is what qemu reads.
@@ -309,7 +309,7 @@ func TestRemoteOverlayS3(t *testing.T) {
 	}
 	qemu.Img(t, "rebase", "-u", "-b", dl, "-F", "qcow2", cp)
 	qemu.CheckClean(t, cp)
-	if out, err := qemuCompare(cp, want); err != nil {
+	if out, err := qemuCompare(t, cp, want); err != nil {
 		t.Errorf("qemu-img compare of the overlay (rebased onto a download of its base) with the local copy: %v\n%s", err, out)
 	}
 
@@ -395,8 +395,11 @@ func TestRemoteOverlayGuest(t *testing.T) {
 	}
 
 	o := filepath.Join(ov, "disk.qcow2")
-	qemu.CheckClean(t, o)
-	full := qemu.ToRaw(t, o, filepath.Join(work, "full.raw")) // qemu reads the base over http
+	checkCleanCurl(t, o)
+	full := filepath.Join(work, "full.raw") // qemu reads the base over http
+	if out, err := curlQemu(t, "convert", "-O", "raw", o, full); err != nil {
+		t.Fatalf("qemu-img convert of the overlay: %v\n%s", err, out)
+	}
 	dev, _ = harness.AttachLoop(t, full, "-r", "-P")
 	part := harness.PartitionNode(t, dev)
 	if out, err := execOut("e2fsck", "-f", "-n", part); err != nil {
@@ -427,8 +430,8 @@ func TestRemoteOverlayChain(t *testing.T) {
 	writeThrough(t, filepath.Join(m.Dir, "top.raw"), overlayWrites)
 	m.Unmount(t)
 	o := filepath.Join(ov, "top.qcow2")
-	qemu.CheckClean(t, o)
-	if out, err := qemuCompare(o, want); err != nil {
+	checkCleanCurl(t, o)
+	if out, err := qemuCompare(t, o, want); err != nil {
 		t.Errorf("qemu-img compare of the overlay over a remote chain with the local copy: %v\n%s", err, out)
 	}
 
@@ -484,7 +487,7 @@ func TestRemoteTempOverlay(t *testing.T) {
 	if names, _ := filepath.Glob(filepath.Join(st.Overlay, "*")); len(names) != 1 || filepath.Base(names[0]) != "vm.qcow2" {
 		t.Errorf("the folder of throwaway overlays holds %v; want vm.qcow2", names)
 	}
-	if out, err := qemuCompare(filepath.Join(st.Overlay, "vm.qcow2"), want); err != nil {
+	if out, err := qemuCompare(t, filepath.Join(st.Overlay, "vm.qcow2"), want); err != nil {
 		t.Errorf("qemu-img compare of the throwaway overlay with the local copy: %v\n%s", err, out)
 	}
 	m.Unmount(t)
