@@ -11,22 +11,28 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/qcowfs/qcowfs/qcow2"
+	"github.com/qcowfs/qcowfs/remote"
 )
 
 // Overlay mode (Config.Overlay): the image files of the source are opened
 // read-only and never written. The first write to an image makes its
 // overlay, OVERLAY/REL (REL being the image's path below the source), a
-// qcow2 image whose backing file is the original, named by absolute path
-// with format qcow2, of the same virtual and cluster size, and, if the
-// original is encrypted, LUKS-encrypted with its passphrase, cipher and
-// PBKDF2 costs (qcow2.Image.Encryption), so that the guest's data never
-// lands in the clear (the image options' Passphrase gives the overlay,
-// named OVERLAY/REL, the original's passphrase when it opens): made under a
+// qcow2 image whose backing file is the original, with format qcow2, of
+// the same virtual and cluster size, and, if the original is encrypted,
+// LUKS-encrypted with its passphrase, cipher and PBKDF2 costs
+// (qcow2.Image.Encryption), so that the guest's data never lands in the
+// clear (the image options' Passphrase gives the overlay, named
+// OVERLAY/REL, the original's passphrase when it opens): made under a
 // temporary name, synced, renamed into place (never over a file) and its
-// folder synced, so that a crash leaves no half-made overlay. From then on
-// the overlay is served: writes go to it, reads fall through to the
-// original where it has nothing. A later mount with the same folder picks
-// the overlay up, after checking that it still names the original.
+// folder synced, so that a crash leaves no half-made overlay. The original
+// is named by absolute path, or for a remote source by its URL (without
+// credentials: qemu's curl driver opens an http(s) one as it is; an s3://
+// one only qcowfs opens), and an overlay of a remote image records the
+// version of its base (overlaybase.go). From then on the overlay is
+// served: writes go to it, reads fall through to the original where it has
+// nothing. A later mount with the same folder picks the overlay up, after
+// checking that it still names the original (and, remote, that the
+// original is the version it was made on).
 //
 // The original stays open beside its overlay (openImage.orig): it is the
 // file the disk is named after, whose identity and snapshots the listing
@@ -84,8 +90,8 @@ func (m *mount) openOverlay(oi *openImage) (*qcow2.Image, error) {
 	h := img.Header()
 	var why string
 	switch {
-	case h.BackingFile != oi.path:
-		why = fmt.Sprintf("its backing file is %q, not the original %q", h.BackingFile, oi.path)
+	case !m.src.names(oi.rel, h.BackingFile):
+		why = fmt.Sprintf("its backing file is %q, not the original %q", shownName(h.BackingFile), oi.path)
 	case h.BackingFormat != "qcow2":
 		why = fmt.Sprintf("its backing format is %q, not \"qcow2\"", h.BackingFormat)
 	case img.Size() < oi.orig.Size():
@@ -99,7 +105,20 @@ func (m *mount) openOverlay(oi *openImage) (*qcow2.Image, error) {
 		img.Close()
 		return nil, fmt.Errorf("overlay %s does not belong to %s: %s (remove it to start again from the original, or mount with another --overlay folder)", oi.overlay, oi.path, why)
 	}
+	if err := m.checkBase(oi, img); err != nil {
+		img.Close()
+		return nil, err
+	}
 	return img, nil
+}
+
+// shownName is a backing file name as messages show it: a URL without
+// credentials.
+func shownName(name string) string {
+	if remote.IsURL(name) {
+		return remote.Redact(name)
+	}
+	return name
 }
 
 // writeTarget is the image a write of oi changes: its overlay in overlay
@@ -165,9 +184,10 @@ func (m *mount) makeOverlay(oi *openImage) (*qcow2.Image, error) {
 	co := qcow2.CreateOptions{
 		Size:          oi.orig.Size(),
 		ClusterSize:   h.ClusterSize(),
-		Backing:       oi.path,
+		Backing:       m.src.backingName(oi.rel),
 		BackingFormat: "qcow2",
 		ExtendedL2:    h.ExtendedL2(),
+		Extensions:    baseRecord(oi),
 	}
 	if h.CryptMethod != 0 {
 		// The original opened, so its passphrase is known.
@@ -251,7 +271,9 @@ func (m *mount) opener() qcow2.Opener {
 
 // overlayOpener opens the files an overlay names: its backing file must be
 // its original, opened through the source tree and checked to be the
-// very file the disk stands for; an overlay names no data file. The
+// very file the disk stands for (a remote one: the object at the URL the
+// listing shows, whose version checkBase compares); an overlay names no
+// data file. The
 // original's own backing and data files are opened as for any image.
 type overlayOpener struct {
 	m    *mount
@@ -269,7 +291,7 @@ func (o *overlayOpener) Open(image qcow2.HostFile, field, name string) (qcow2.Ho
 	if field != "backing file" {
 		return nil, refuse("an overlay has no data file of its own")
 	}
-	if name != o.oi.path {
+	if !o.m.src.names(o.oi.rel, name) {
 		return nil, refuse(fmt.Sprintf("the overlay does not belong to %s, which it must name as its backing file", o.oi.path))
 	}
 	f, st, err := o.m.src.openImage(o.oi.rel, false)

@@ -328,6 +328,7 @@ func (m *mount) openHandle(d diskID, rel string, write bool) (*openImage, error)
 	if write {
 		oi.writers++
 	}
+	m.startHydration(d, rel)
 	return oi, nil
 }
 

@@ -31,7 +31,8 @@ import (
 //
 // Objects are shown only if they are qcow2 images (by their magic bytes):
 // other objects cannot be served as plain files without a descriptor, and
-// are still read as backing files. Remote images are read-only.
+// are still read as backing files. Remote images are only read: a
+// writable mount writes their overlays (overlay.go).
 //
 // The tree keeps every object it opened open (held), and hands out shared
 // Files over them: the chunks the Client caches for an object live as
@@ -46,18 +47,19 @@ import (
 // and a hash of the ETag in the change time's nanoseconds, so that a
 // replaced object is a new generation (identity.go) with a new node.
 type remoteTree struct {
-	c       *remote.Client
-	base    string // the folder's URL, with its trailing slash
-	single  string // one image: its URL ("" for a prefix)
-	shown   string // base, redacted, for messages
-	refresh time.Duration
-	log     *slog.Logger
-	dev     uint64
-	uid     uint32
-	gid     uint32
-	started time.Time
-	opener  *remotefile.Opener
-	allowed []string
+	c        *remote.Client
+	writable bool   // a writable overlay mount: images show write permission
+	base     string // the folder's URL, with its trailing slash
+	single   string // one image: its URL ("" for a prefix)
+	shown    string // base, redacted, for messages
+	refresh  time.Duration
+	log      *slog.Logger
+	dev      uint64
+	uid      uint32
+	gid      uint32
+	started  time.Time
+	opener   *remotefile.Opener
+	allowed  []string
 
 	listMu sync.Mutex // held while listing: one refresh at a time (TryLock)
 
@@ -117,7 +119,7 @@ func openRemoteTree(cfg Config) (*remoteTree, string, error) {
 	}
 	src := cfg.Source
 	t := &remoteTree{
-		c: cfg.Remote, refresh: cfg.RemoteRefresh, log: cfg.Log,
+		c: cfg.Remote, writable: cfg.Writable, refresh: cfg.RemoteRefresh, log: cfg.Log,
 		uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), started: time.Now(),
 		held: map[string]*heldObject{}, probed: map[probeKey]bool{},
 	}
@@ -405,6 +407,24 @@ func (t *remoteTree) abs(rel string) string {
 	return t.shown + rel
 }
 
+// urlOf is the URL of the object at rel, as given or listed ("" if the
+// listing has none).
+func (t *remoteTree) urlOf(rel string) string {
+	if t.single != "" {
+		return t.single
+	}
+	return t.current().objects[rel].url
+}
+
+// backingName is the URL of the object at rel without its userinfo: qemu
+// opens an http(s) one as it is (curl driver), and no password is
+// written into the overlay.
+func (t *remoteTree) backingName(rel string) string { return remote.WithoutUserinfo(t.urlOf(rel)) }
+
+// names compares by object: another password, or another signature of
+// a presigned URL, names the same object.
+func (t *remoteTree) names(rel, name string) bool { return remote.SameObject(name, t.urlOf(rel)) }
+
 func (t *remoteTree) notFound(op, rel string) error {
 	return &os.PathError{Op: op, Path: t.abs(rel), Err: syscall.ENOENT}
 }
@@ -466,8 +486,12 @@ func (t *remoteTree) objStat(o remoteObject) syscall.Stat_t {
 	h.Write([]byte(o.url))
 	e := fnv.New64a()
 	e.Write([]byte(o.etag))
+	mode := uint32(syscall.S_IFREG | 0o444)
+	if t.writable {
+		mode |= 0o200 // written through overlays, by the mount's owner
+	}
 	return syscall.Stat_t{
-		Dev: t.dev, Ino: h.Sum64(), Nlink: 1, Mode: syscall.S_IFREG | 0o444,
+		Dev: t.dev, Ino: h.Sum64(), Nlink: 1, Mode: mode,
 		Uid: t.uid, Gid: t.gid, Size: o.size, Blocks: (o.size + 511) / 512, Blksize: 1 << 16,
 		Mtim: syscall.NsecToTimespec(o.mtime.UnixNano()),
 		Ctim: syscall.Timespec{Sec: o.mtime.Unix(), Nsec: int64(e.Sum64() % 1e9)},
@@ -506,6 +530,20 @@ func (t *remoteTree) isQcow2(rel string) bool {
 	t.probed[k] = is
 	t.mu.Unlock()
 	return is
+}
+
+// counts says how many objects the current listing has, and how many of
+// them were probed (isQcow2) and found to be qcow2 images.
+func (t *remoteTree) counts() (objects, images int) {
+	l := t.current()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, o := range l.objects {
+		if t.probed[probeKey{o.url, o.etag, o.size}] {
+			images++
+		}
+	}
+	return len(l.objects), images
 }
 
 // showsPlain is false: plain files are not shown (there is no descriptor

@@ -62,8 +62,16 @@ type Config struct {
 	WritebackCache bool
 	// Overlay, with Writable, is a folder outside the source where the
 	// writes go: the images of the source are only read, and the first
-	// write to one makes its overlay there (overlay.go).
+	// write to one makes its overlay there (overlay.go). Required for a
+	// writable remote source.
 	Overlay string
+	// Hydrate: fetch each remote image a reader opens into the remote
+	// client's disk cache in the background (hydrate.go).
+	Hydrate bool
+	// AcceptChangedBase serves overlays of remote images whose base is
+	// not the version they were made on (overlaybase.go), with a log
+	// line, instead of refusing them.
+	AcceptChangedBase bool
 	// TestHook, if set, is called at named points of the work (tests
 	// use it to crash the daemon there): "overlay-prepared", when an
 	// overlay is written under its temporary name.
@@ -120,6 +128,11 @@ type mount struct {
 	// ctx ends the mount's background work (Root.Close).
 	ctx    context.Context
 	cancel context.CancelFunc
+
+	// hydrated: the images (rel and generation) and remote files (URL
+	// and version) whose hydration started (hydrate.go).
+	hydMu    sync.Mutex
+	hydrated map[string]bool
 }
 
 // Root is the root folder of a mount: the source folder, or for a single
@@ -144,8 +157,8 @@ func NewRoot(cfg Config) (*Root, error) {
 	var src tree
 	only := ""
 	if remote.IsURL(cfg.Source) {
-		if cfg.Writable {
-			return nil, fmt.Errorf("%s: remote images are read-only; --writable needs a local source", remote.Redact(cfg.Source))
+		if cfg.Writable && cfg.Overlay == "" {
+			return nil, fmt.Errorf("%s: remote images are written through overlays only; --writable needs --overlay with a URL", remote.Redact(cfg.Source))
 		}
 		rt, name, err := openRemoteTree(cfg)
 		if err != nil {

@@ -50,6 +50,12 @@ func (s *source) abs(rel string) string {
 	return s.root + "/" + rel
 }
 
+// backingName is rel's absolute path: an overlay names its original so,
+// as qemu-img create -b does.
+func (s *source) backingName(rel string) string { return s.abs(rel) }
+
+func (s *source) names(rel, name string) bool { return name == s.abs(rel) }
+
 // openat2 opens rel below the root. Symlinks inside the tree are followed;
 // any resolution that would leave the tree fails (EXDEV), as do magic
 // links (/proc/self/fd/N).

@@ -95,6 +95,19 @@ func (r *Root) Refused() map[string]error {
 	return out
 }
 
+// NoImages reports that the source is a remote prefix in whose listing
+// no object is a qcow2 image, and how many objects it listed: the mount
+// shows an empty folder, and says why. Call it after Refused (the first
+// scan probes every object).
+func (r *Root) NoImages() (listed int, none bool) {
+	t, ok := r.m.src.(*remoteTree)
+	if !ok || t.single != "" {
+		return 0, false
+	}
+	objects, images := t.counts()
+	return objects, images == 0
+}
+
 // walk scans every folder of the source once, breadth first.
 func (r *Root) walk() {
 	queue := []*dirNode{&r.dirNode}

@@ -39,6 +39,12 @@ type tree interface {
 	openPlain(rel string) (*os.File, error)
 	// statfs reports the numbers of the file system holding the tree.
 	statfs(st *syscall.Statfs_t) error
+	// backingName is the name an overlay records as its backing file
+	// for the image file rel (overlay.go): its absolute path, or its
+	// URL without credentials; names reports whether an overlay's
+	// backing file name names rel.
+	backingName(rel string) string
+	names(rel, name string) bool
 	// configure adjusts the image options for files of this tree: the
 	// folders or URL prefixes backing files must lie in, the opener.
 	configure(o *qcow2.Options)

@@ -26,6 +26,10 @@ type CreateOptions struct {
 	Backing       string // backing file name as stored ("" for none)
 	BackingFormat string // "qcow2", "raw", or "" (not recorded)
 	ExtendedL2    bool
+	// Extensions are header extensions of the caller's own (types this
+	// package and qemu do not know), written after the known ones; qemu
+	// keeps them when it rewrites the header (Header.Extensions).
+	Extensions []Extension
 	// Encrypt, if set, makes a LUKS-encrypted image (crypt_method 2):
 	// its header, with a fresh master key under Passphrase in key slot
 	// 0, in clusters after the L1 table, as qemu-img create lays it out.
@@ -156,6 +160,11 @@ func encodeImage(o CreateOptions) ([]byte, error) {
 	case len(o.BackingFormat) > 15:
 		return nil, fmt.Errorf("backing format %q too long", o.BackingFormat)
 	}
+	for _, e := range o.Extensions {
+		if knownExtension(e.Type) {
+			return nil, fmt.Errorf("header extension type %#x: a type of the format's own", e.Type)
+		}
+	}
 	entry := int64(8)
 	if o.ExtendedL2 {
 		entry = 16
@@ -258,6 +267,13 @@ func encodeImage(o CreateOptions) ([]byte, error) {
 			copy(e[2:featureTableEntryBytes], f.Name)
 		}
 		ext(extFeatureTable, ft)
+	}
+	for _, e := range o.Extensions {
+		// (Room for the extension, padded, and the end marker.)
+		if p+8+(len(e.Data)+7)&^7+8 > int(cs) {
+			return nil, fmt.Errorf("header extension %#x (%d bytes) does not fit in the header cluster", e.Type, len(e.Data))
+		}
+		ext(e.Type, e.Data)
 	}
 	p += 8 // the end marker (zeros)
 	if o.Backing != "" {

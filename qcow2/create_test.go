@@ -138,3 +138,68 @@ func TestPreparePublish(t *testing.T) {
 		t.Fatalf("folder holds %d files after Publish, want 1", len(ents))
 	}
 }
+
+// TestCreateExtensionKept: an extension of the caller's own, made by
+// Create, is read back by Open, and qemu keeps it, unchanged, through
+// every command that rewrites the header (amend, rebase -u, resize,
+// snapshot, commit into and out of the image, writes), with the image
+// clean by qemu-img check throughout. (Overlays over remote images
+// record the version of their base in one: fs/overlaybase.go.)
+func TestCreateExtensionKept(t *testing.T) {
+	qemu.Require(t, "qemu-img", "qemu-io")
+	dir := qemu.TempDir(t)
+	base := filepath.Join(dir, "base.qcow2")
+	qemu.Create(t, "qcow2", base, "64M")
+	qemu.IO(t, base, "write -P 0x11 0 4M")
+	const typ = 0x71636673
+	data := []byte("a fact of our own\t\"etag\"\n")
+	for _, cs := range []int64{512, 4096, 65536} {
+		t.Run(fmt.Sprint(cs), func(t *testing.T) {
+			ov := filepath.Join(dir, fmt.Sprintf("ov%d.qcow2", cs))
+			opts := qcow2.CreateOptions{Size: 64 << 20, ClusterSize: cs, Backing: base, BackingFormat: "qcow2",
+				Extensions: []qcow2.Extension{{Type: typ, Data: data}}}
+			if err := qcow2.Create(ov, opts); err != nil {
+				t.Fatal(err)
+			}
+			kept := func(after string) {
+				t.Helper()
+				qemu.CheckClean(t, ov)
+				img, err := qcow2.Open(ov, qcow2.Options{AllowedDirs: []string{dir}})
+				if err != nil {
+					t.Fatalf("after %s: %v", after, err)
+				}
+				defer img.Close()
+				got, ok := img.Header().Extension(typ)
+				if !ok || !bytes.Equal(got, data) {
+					t.Errorf("after %s: extension %#x is %q (%v), want %q; all: %+v", after, typ, got, ok, data, img.Header().Extensions)
+				}
+			}
+			kept("create")
+			top := filepath.Join(dir, fmt.Sprintf("top%d.qcow2", cs))
+			for _, step := range []struct {
+				what string
+				run  func()
+			}{
+				{"qemu-io write", func() { qemu.IO(t, ov, "write -P 0x22 1M 64k") }},
+				{"qemu-img amend", func() { qemu.Img(t, "amend", "-o", "lazy_refcounts=on", ov) }},
+				{"qemu-img rebase -u", func() { qemu.Img(t, "rebase", "-u", "-b", base, "-F", "qcow2", ov) }},
+				{"qemu-img resize", func() { qemu.Img(t, "resize", "-q", ov, "+1M") }},
+				{"qemu-img snapshot -c", func() { qemu.Img(t, "snapshot", "-c", "s1", ov) }},
+				{"qemu-img commit into it", func() {
+					qemu.Create(t, "qcow2", top, "65M", "-b", ov, "-F", "qcow2")
+					qemu.IO(t, top, "write -P 0x33 2M 64k")
+					qemu.Img(t, "commit", "-q", top)
+				}},
+				{"qemu-img commit of it", func() { qemu.Img(t, "commit", "-q", "-d", ov) }},
+				{"qemu-img amend to compat=0.10 and back", func() {
+					qemu.Img(t, "snapshot", "-d", "s1", ov)
+					qemu.Img(t, "amend", "-o", "compat=0.10", ov)
+					qemu.Img(t, "amend", "-o", "compat=1.1", ov)
+				}},
+			} {
+				step.run()
+				kept(step.what)
+			}
+		})
+	}
+}

@@ -44,6 +44,8 @@
 //   - refcount.go: reading refcounts.
 //   - prealloc.go: metadata preallocation detection, by refcount block.
 //   - metadata.go: the metadata map, for overlap checks.
+//   - hostranges.go: the host bytes a whole read of the disk needs
+//     (HostRanges), for fetching a remote image ahead of its readers.
 //   - snapshot.go: internal snapshots.
 //   - bitmap.go: persistent bitmaps: the directory and tables, where they
 //     lie, what qemu-img info lists.

@@ -72,6 +72,8 @@ func (r *headerReader) parseExtensions(h *Header) error {
 				return r.badAt("data file name length", uint64(length), off+4, "must be between 1 and %d", maxBackingNameLen)
 			}
 			h.DataFile = string(body)
+		default:
+			h.Extensions = append(h.Extensions, Extension{Type: typ, Data: bytes.Clone(body)})
 		}
 		off = data + (length+7)&^7
 	}

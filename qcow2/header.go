@@ -94,6 +94,39 @@ type Header struct {
 	// The full disk encryption header pointer (extension 0x0537be77):
 	// where the LUKS header lies in the image file.
 	CryptoHeaderOffset, CryptoHeaderLength uint64
+	// Extensions are the header extensions of types this package does
+	// not know, in file order. qemu keeps such extensions as they are
+	// when it rewrites the header (block/qcow2.c, unknown_header_ext),
+	// so a program may record facts of its own in an image.
+	Extensions []Extension
+}
+
+// An Extension is a header extension (specification, "Header
+// extensions"): its type and its data, without the padding.
+type Extension struct {
+	Type uint32
+	Data []byte
+}
+
+// Extension returns the data of the first extension of type typ among
+// the ones this package does not know (Header.Extensions).
+func (h *Header) Extension(typ uint32) ([]byte, bool) {
+	for _, e := range h.Extensions {
+		if e.Type == typ {
+			return e.Data, true
+		}
+	}
+	return nil, false
+}
+
+// knownExtension reports whether this package (or qemu) gives extensions
+// of type typ a meaning of their own.
+func knownExtension(typ uint32) bool {
+	switch typ {
+	case extEnd, extBackingFormat, extFeatureTable, extBitmaps, extCryptoHeader, extDataFile:
+		return true
+	}
+	return false
 }
 
 // BitmapsExtension is the bitmaps header extension (0x23852875).

@@ -13,6 +13,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -204,11 +205,14 @@ func totalOf(s string) (int64, bool) {
 
 // netError classifies an error of a request (made under ctx) that got no
 // response, or whose body broke off. A *url.Error names the request's URL,
-// query and all; its cause alone is kept. Certificate errors are
-// permanent, and say so; if ctx ended, its error is returned for the
-// caller to report; everything else (refused, reset, cut short, a
-// transport timeout) is transient. The test is ctx, not the error: some of
-// net/http's own timeouts match context.DeadlineExceeded.
+// query and all; its cause alone is kept. Certificate errors, and a TLS
+// handshake that fails, are permanent, and say so; if ctx ended, its error
+// is returned for the caller to report; everything else (refused, reset,
+// cut short, a transport timeout) is transient, with the failures that
+// found no server at all (refused, no route, a name that does not
+// resolve) marked unreachable, which Open and List do not retry
+// (failFast). The test is ctx, not the error: some of net/http's own
+// timeouts match context.DeadlineExceeded.
 func netError(ctx context.Context, err error) error {
 	if ue, ok := errors.AsType[*url.Error](err); ok {
 		err = ue.Err
@@ -218,14 +222,48 @@ func netError(ctx context.Context, err error) error {
 		hostname x509.HostnameError
 		invalid  x509.CertificateInvalidError
 		verify   *tls.CertificateVerificationError
+		record   tls.RecordHeaderError
+		alert    tls.AlertError
 	)
 	switch {
 	case errors.As(err, &unknown), errors.As(err, &hostname), errors.As(err, &invalid), errors.As(err, &verify):
 		return fmt.Errorf("TLS: %w (give the server's CA with --ca-file)", err)
+	case errors.As(err, &record), errors.As(err, &alert),
+		strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"): // net/http drops the RecordHeaderError
+		return fmt.Errorf("TLS: %w", err)
 	case ctx.Err() != nil:
 		return ctx.Err() // the caller knows why its context ended
+	case isUnreachable(err):
+		return transient(&unreachableError{err})
 	}
 	return transient(err)
+}
+
+// unreachableError is a request that found no server: the connection
+// refused, no route to the host, a name that does not resolve. For an
+// object that was read before it is transient (a server restarting
+// refuses connections for a moment); at Open and List, where nothing was
+// reached yet, permanent (failFast): the cause is reported at once
+// instead of after Options.Timeout of retries.
+type unreachableError struct{ err error }
+
+func (e *unreachableError) Error() string { return e.err.Error() }
+func (e *unreachableError) Unwrap() error { return e.err }
+
+func isUnreachable(err error) bool {
+	if dns, ok := errors.AsType[*net.DNSError](err); ok {
+		return dns.IsNotFound
+	}
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
+}
+
+// failFast turns an unreachable server into a permanent failure, for the
+// first request to it (Open, List).
+func failFast(err error) error {
+	if ue, ok := errors.AsType[*unreachableError](err); ok {
+		return ue
+	}
+	return err
 }
 
 // tlsConfig trusts the system pool plus the certificates of caFile.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 )
@@ -30,6 +31,13 @@ type Client struct {
 
 	s3mu  sync.Mutex // held while the S3 client is made
 	s3api *s3.Client // made on first s3:// use; s3mu
+
+	// Hydrations (hydrate.go): every one started, the disk cache bytes
+	// they took, and when the rate cap lets the next bytes go.
+	hydMu      sync.Mutex
+	hydrations []*Hydration
+	hydUsed    int64
+	hydNext    time.Time
 
 	mu      sync.Mutex
 	ids     map[string]*idRef // cache ids by object identity
@@ -109,7 +117,7 @@ func (c *Client) Open(ctx context.Context, rawURL string) (*Object, error) {
 		defer c.release(false)
 		var err error
 		m, n, err = c.transfer(ctx, be, 0, [][]byte{buf}, nil, nil)
-		return err
+		return failFast(err)
 	})
 	if err != nil {
 		return fail(err)
@@ -141,7 +149,11 @@ func (c *Client) Open(ctx context.Context, rawURL string) (*Object, error) {
 	c.objects[o] = struct{}{}
 	c.mu.Unlock()
 
-	// Keep the first chunk: it holds the image's header.
+	// Keep the first chunk: it holds the image's header (on disk too,
+	// where a hydration finds it).
+	if c.disk != nil && n > 0 && n == int64(o.chunkLen(0)) {
+		c.disk.put(o.diskKey, 0, buf[:n])
+	}
 	if n > 0 {
 		if s, res := c.cache.get(chunkKey{o.id, 0}); res == reserved {
 			copy(s.buf, buf[:n])
@@ -214,6 +226,9 @@ func (c *Client) Stats() ClientStats {
 	c.mu.Lock()
 	s.Objects = len(c.objects)
 	c.mu.Unlock()
+	if hs := c.Hydrations(); len(hs) > 0 {
+		s.Hydration = hs
+	}
 	return s
 }
 

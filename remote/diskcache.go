@@ -147,6 +147,14 @@ func (d *diskCache) get(obj string, idx int64, buf []byte) (int, bool) {
 	return int(n), true
 }
 
+// has reports whether the cache holds chunk idx of obj (without reading
+// it: a damaged file is found when a read gets it).
+func (d *diskCache) has(obj string, idx int64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.files[chunkRel(obj, idx)] != nil
+}
+
 func (d *diskCache) bad(rel, format string, args ...any) {
 	d.log.Warn("remote: dropping damaged disk cache file", "file", filepath.Join(d.root, rel), "why", fmt.Sprintf(format, args...))
 	d.remove(rel)

@@ -17,7 +17,9 @@
 // HTTP(S) goes through net/http (Go's transport, a CA file added to the
 // system pool); S3 through the AWS SDK for Go v2, with its standard
 // credential chain, Options.S3Endpoint for S3-compatible stores (path-style
-// unless S3VirtualHost) and Options.S3Region.
+// unless S3VirtualHost; with an endpoint the instance metadata service is
+// never asked for credentials) and Options.S3Region. The SDK's own log
+// lines go to Options.Log.
 //
 // # Versions
 //
@@ -48,8 +50,14 @@
 // (honouring Retry-After), resuming a cut body where it stopped; what
 // cannot complete in time fails with an error wrapping ErrTimeout and the
 // last failure. Other failures are not retried: ErrAuth (401, 403, a wrong
-// S3 key or signature), ErrNotFound, TLS verification errors, unexpected
-// statuses. Errors are *Error values naming the operation, the redacted
+// S3 key or signature), ErrNotFound, TLS verification and handshake
+// errors, unexpected statuses. Open and List, the first requests to a
+// server, do not retry a server that cannot be reached either (the
+// connection refused, no route, a name that does not resolve): they fail
+// at once with the cause. An Object whose read timed out is down
+// (health.go): its reads that need the server fail at once, wrapping
+// ErrTimeout, until a probe (a one-byte request, with backoff) finds the
+// server answering again. Errors are *Error values naming the operation, the redacted
 // URL, the offset and length, and the cause with its values (status and
 // S3 code, sizes, ETags). Credentials never appear in errors or logs:
 // URLs are shown through Redact (no userinfo, no signature or token
@@ -77,6 +85,16 @@
 // chunk and doubles up to MaxReadahead; random readers cause no prefetch.
 // Prefetches wait for a connection, but hold at most Connections-2 of them
 // together, so that demand reads always find one soon.
+//
+// # Hydration
+//
+// Object.Hydrate fetches byte ranges the caller names (for a qcow2 image,
+// its metadata and data clusters: qcow2.Image.HostRanges) into the disk
+// cache in the background, lowest offsets first, in runs of up to
+// MaxRequest, on the prefetches' share of the connections, under
+// Options.HydrateRate, bounded by CacheDirSize (hydrate.go). Chunks in
+// the disk cache already (a later Client of the same version) are not
+// fetched again. Client.Stats lists each hydration's progress.
 //
 // # Counters
 //

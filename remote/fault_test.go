@@ -87,12 +87,23 @@ func TestFaults(t *testing.T) {
 			if elapsed < c.minTime {
 				t.Errorf("read took %v, want at least %v", elapsed, c.minTime)
 			}
-			// The fault gone, the object reads again (unless refused).
+			// The fault gone, the object reads again (unless refused):
+			// after a timeout, once its probe finds the server
+			// answering (health.go).
 			px.Clear()
 			px.Release()
 			if c.wantErr != ErrNoRange {
-				if _, err := o.ReadAt(p, off); err != nil || !bytes.Equal(p, data[off:off+n]) {
-					t.Errorf("read after the fault cleared: %v", err)
+				deadline := time.Now().Add(3 * time.Second)
+				for {
+					_, err := o.ReadAt(p, off)
+					if err == nil && bytes.Equal(p, data[off:off+n]) {
+						break
+					}
+					if c.wantErr != ErrTimeout || time.Now().After(deadline) {
+						t.Errorf("read after the fault cleared: %v", err)
+						break
+					}
+					time.Sleep(10 * time.Millisecond)
 				}
 			}
 		})

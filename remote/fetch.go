@@ -90,6 +90,9 @@ func (o *Object) fetch(ctx context.Context, off int64, bufs [][]byte, prefetch b
 	var done int64
 	scratch := make([][]byte, len(bufs))
 	err := o.c.retry(ctx, &o.st, prefetch, func(ctx context.Context) error {
+		if err := o.downErr(); err != nil {
+			return err // the probe asks the server meanwhile (health.go)
+		}
 		if err := o.c.acquire(ctx, prefetch); err != nil {
 			return err
 		}

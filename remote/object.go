@@ -40,6 +40,8 @@ type Object struct {
 	changed   atomic.Pointer[error] // the first ErrChanged seen
 	lastFail  atomic.Pointer[error] // the last failed attempt of a fetch, for timeout errors
 	closeOnce sync.Once
+
+	health health // whether the server answers (health.go)
 }
 
 // Size returns the object's size in bytes.
@@ -116,8 +118,11 @@ func (o *Object) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 	}
 	if err := o.read(ctx, want, off); err != nil {
 		o.c.count(&o.st, func(k *counters) { k.errors.Add(1) })
-		if errors.Is(err, ErrChanged) {
+		switch {
+		case errors.Is(err, ErrChanged):
 			o.setChanged(err)
+		case errors.Is(err, ErrTimeout) && ctx.Err() == nil:
+			o.markDown(err)
 		}
 		return 0, o.fail(off, len(p), err)
 	}
@@ -209,6 +214,7 @@ func (o *Object) readSlow(ctx context.Context, p []byte, off, idx, last int64, s
 			run = nil
 		}
 	}
+	down := o.woken()
 	timedOut := func() error {
 		if lastErr == nil {
 			if e := o.lastFail.Load(); e != nil {
@@ -247,6 +253,17 @@ func (o *Object) readSlow(ctx context.Context, p []byte, off, idx, last int64, s
 					s.unpin()
 					continue
 				}
+				if derr := o.downErr(); derr != nil {
+					// The server does not answer: fail now, and
+					// leave the chunks to be fetched later.
+					o.c.cache.finish(s, 0, derr)
+					s.unpin()
+					for _, r := range run {
+						o.c.cache.finish(r, 0, derr)
+					}
+					o.unpinAll(waits)
+					return derr
+				}
 				if len(run) == maxRun || (len(run) > 0 && run[len(run)-1].key.idx != i-1) {
 					flush()
 				}
@@ -264,11 +281,21 @@ func (o *Object) readSlow(ctx context.Context, p []byte, off, idx, last int64, s
 		flush()
 		todo = todo[:0]
 		for j, w := range waits {
-			select {
-			case <-w.s.done:
-			case <-ctx.Done():
-				o.unpinAll(waits[j:])
-				return timedOut()
+		waiting:
+			for {
+				select {
+				case <-w.s.done:
+					break waiting
+				case <-ctx.Done():
+					o.unpinAll(waits[j:])
+					return timedOut()
+				case <-down:
+					if derr := o.downErr(); derr != nil {
+						o.unpinAll(waits[j:])
+						return derr
+					}
+					down = o.woken() // up again meanwhile
+				}
 			}
 			err := w.s.err
 			if err == nil {
@@ -404,6 +431,9 @@ func (o *Object) fetchRun(run []*slot, prefetch bool) {
 // their way, or released lately (cache.past), in runs of adjacent chunks.
 // It stops at the first chunk that gets no slot: the cache is busy enough.
 func (o *Object) prefetch(from, to int64) {
+	if o.downErr() != nil {
+		return
+	}
 	maxRun := int(o.c.opts.MaxRequest / o.c.opts.ChunkSize)
 	var run []*slot
 	flush := func() {

@@ -68,6 +68,9 @@ type Options struct {
 	// ListPageSize is the MaxKeys of each ListObjectsV2 page (default: the
 	// server's, 1000 on AWS).
 	ListPageSize int32
+	// HydrateRate caps the bytes a second that hydrations (hydrate.go)
+	// fetch, all objects together; 0: no cap.
+	HydrateRate int64
 	// Log receives one line per event worth telling an operator (an object
 	// changed, a retry, a refused server); default: discarded.
 	Log *slog.Logger
@@ -129,7 +132,7 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("remote: MaxRequest %d is less than ChunkSize %d", o.MaxRequest, o.ChunkSize)
 	case o.CacheSize < 2*o.ChunkSize:
 		return o, fmt.Errorf("remote: CacheSize %d: want at least two chunks (%d)", o.CacheSize, 2*o.ChunkSize)
-	case o.MaxReadahead < 0 || o.CacheDirSize < 0 || o.Timeout < 0 || o.StallTimeout < 0 || o.RetryBase < 0 || o.RetryMax < 0:
+	case o.MaxReadahead < 0 || o.CacheDirSize < 0 || o.HydrateRate < 0 || o.Timeout < 0 || o.StallTimeout < 0 || o.RetryBase < 0 || o.RetryMax < 0:
 		return o, fmt.Errorf("remote: negative size or duration in Options")
 	case o.CacheDir != "" && o.CacheDirSize < o.ChunkSize:
 		return o, fmt.Errorf("remote: CacheDirSize %d is less than one chunk (%d)", o.CacheDirSize, o.ChunkSize)

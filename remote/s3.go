@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
@@ -13,8 +14,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go"
+	"github.com/aws/smithy-go/logging"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
 
@@ -168,6 +171,19 @@ func s3URL(bucket, key string) string {
 	return (&url.URL{Scheme: "s3", Host: bucket, Path: "/" + key}).String()
 }
 
+// sdkLogger passes the AWS SDK's log lines to a Client's log: warnings
+// as warnings, anything else at debug level.
+type sdkLogger struct{ log *slog.Logger }
+
+func (l sdkLogger) Logf(c logging.Classification, format string, v ...any) {
+	msg := "aws sdk: " + fmt.Sprintf(format, v...)
+	if c == logging.Warn {
+		l.log.Warn(msg)
+	} else {
+		l.log.Debug(msg)
+	}
+}
+
 // s3Client returns the Client's S3 client, made on first use from the SDK's
 // configuration chain and the Options, with the credentials checked.
 func (c *Client) s3Client(ctx context.Context) (*s3.Client, error) {
@@ -184,6 +200,15 @@ func (c *Client) s3Client(ctx context.Context) (*s3.Client, error) {
 		config.WithRetryer(func() aws.Retryer { return aws.NopRetryer{} }),
 		config.WithResponseChecksumValidation(aws.ResponseChecksumValidationWhenRequired),
 		config.WithRequestChecksumCalculation(aws.RequestChecksumCalculationWhenRequired),
+		// The SDK's own lines (its default is stderr, which a
+		// daemon's terminal would show) go to this Client's log.
+		config.WithLogger(sdkLogger{c.opts.Log}),
+	}
+	if c.opts.S3Endpoint != "" {
+		// An S3-compatible store is not on EC2's network: asking the
+		// instance metadata service for credentials there would only
+		// wait for its timeouts (seconds) before failing.
+		lo = append(lo, config.WithEC2IMDSClientEnableState(imds.ClientDisabled))
 	}
 	if c.opts.S3Region != "" {
 		lo = append(lo, config.WithRegion(c.opts.S3Region))
@@ -262,7 +287,7 @@ func (c *Client) List(ctx context.Context, prefixURL string) ([]Entry, error) {
 			var err error
 			out, err = api.ListObjectsV2(ctx, in)
 			if err != nil {
-				return s3Error(ctx, err, nil)
+				return failFast(s3Error(ctx, err, nil))
 			}
 			return nil
 		})

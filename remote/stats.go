@@ -25,6 +25,8 @@ type ClientStats struct {
 	CacheBuffers int   `json:"cache-buffers"` // chunk buffers allocated (each ChunkSize bytes)
 	CacheChunks  int   `json:"cache-chunks"`  // chunks held in memory
 	DiskBytes    int64 `json:"disk-bytes"`    // bytes of the disk cache's files
+	// Hydration is every hydration started (hydrate.go), in order.
+	Hydration []HydrationStatus `json:"hydration,omitempty"`
 }
 
 // counters are the atomic form of Stats.

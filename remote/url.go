@@ -193,3 +193,43 @@ func secretParam(name string) bool {
 	}
 	return false
 }
+
+// SameObject reports whether the URLs a and b name the same object: the
+// same scheme, host (with the default port made explicit) and path, and
+// the same query but for its signature parameters (those Redact hides,
+// and X-Amz-*: a presigned URL made again names the same object).
+// Userinfo is ignored. An overlay names its remote base by URL, and a
+// later mount of the same object by another presigned URL, or with
+// another password, finds it again.
+func SameObject(a, b string) bool {
+	ua, erra := parseURL(a)
+	ub, errb := parseURL(b)
+	if erra != nil || errb != nil {
+		return false
+	}
+	return ua.Scheme == ub.Scheme && sameHost(ua, ub) && ua.EscapedPath() == ub.EscapedPath() &&
+		objectQuery(ua) == objectQuery(ub)
+}
+
+// objectQuery is u's query without its signature parameters, encoded
+// (sorted by key).
+func objectQuery(u *url.URL) string {
+	q := u.Query()
+	for k := range q {
+		if secretParam(k) || strings.HasPrefix(strings.ToLower(k), "x-amz-") {
+			delete(q, k)
+		}
+	}
+	return q.Encode()
+}
+
+// WithoutUserinfo returns raw without its userinfo (user and password),
+// as it may be written into a file: the rest, query included, is kept.
+func WithoutUserinfo(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	u.User = nil
+	return u.String()
+}

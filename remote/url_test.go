@@ -120,3 +120,29 @@ func TestRedact(t *testing.T) {
 		t.Errorf("Redact changed a URL with nothing secret: %q", got)
 	}
 }
+
+func TestSameObject(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		same bool
+	}{
+		{"https://h/vm.qcow2", "https://h/vm.qcow2", true},
+		{"https://h/vm.qcow2", "HTTPS://H:443/vm.qcow2", true},
+		{"https://u:p@h/vm.qcow2", "https://h/vm.qcow2", true},
+		{"https://h/vm.qcow2?X-Amz-Signature=a&X-Amz-Date=1", "https://h/vm.qcow2?X-Amz-Signature=b&X-Amz-Date=2", true},
+		{"https://h/vm.qcow2?id=1", "https://h/vm.qcow2?id=2", false},
+		{"https://h/vm.qcow2", "http://h/vm.qcow2", false},
+		{"https://h/vm.qcow2", "https://h/vm2.qcow2", false},
+		{"https://h:8443/vm.qcow2", "https://h/vm.qcow2", false},
+		{"s3://b/k/vm.qcow2", "s3://b/k/vm.qcow2", true},
+		{"s3://b/k/vm.qcow2", "s3://c/k/vm.qcow2", false},
+		{"/local/vm.qcow2", "/local/vm.qcow2", false},
+	} {
+		if got := SameObject(c.a, c.b); got != c.same {
+			t.Errorf("SameObject(%q, %q) = %v, want %v", c.a, c.b, got, c.same)
+		}
+	}
+	if got := WithoutUserinfo("https://u:p@h/x?sig=1"); got != "https://h/x?sig=1" {
+		t.Errorf("WithoutUserinfo: %q", got)
+	}
+}

@@ -10,15 +10,16 @@
 //     files, snapshots, partitions, changed-blocks views of bitmaps,
 //     loop-mounted guests, images changed between opens.
 //   - lock: sharing images with qemu and other mounts by qemu's locks.
-//   - write: writable mounts: writes, the writeback cache, overlays,
-//     guest file systems written through loop devices, ENOSPC, torn
+//   - write: writable mounts: writes, the writeback cache, overlays
+//     (throwaway ones too), guest file systems written through loop devices, ENOSPC, torn
 //     sectors, a daemon killed mid-write, persistent bitmaps kept true
 //     and the incremental-backup recipe.
 //   - hostile: hostile images and sources: fields at their limits, huge
 //     tables, corrupt clusters, stuck disks, swapped folders, descriptor
 //     and memory bounds.
 //   - remote: images over HTTP(S) and S3 (nginx, versitygw, a fault
-//     proxy).
+//     proxy), and local overlays over them (qemu reading them through
+//     its curl driver), the base-version rule, throwaway overlays.
 //
 // They share test/harness (building the binary, mounts, daemons, the
 // commands' runs), test/qemu (qemu-img and qemu-io, the oracle) and

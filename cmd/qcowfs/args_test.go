@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/qcowfs/qcowfs/remote"
 )
 
 func TestPrepareArgs(t *testing.T) {
@@ -33,6 +35,9 @@ func TestPrepareArgs(t *testing.T) {
 		{[]string{"qcowfs", "mount", "-o", `cache_size=1M,allow_backing_outside="/a,b",x-systemd.automount,nofail`, "s", "m"},
 			[]string{"qcowfs", "mount", "--cache-size=1M", "--allow-backing-outside=/a,b", "--nofail", "s", "m"}},
 		{[]string{"qcowfs", "mount", "-oforce_share", "--options=fsname=vms", "s", "m"}, []string{"qcowfs", "mount", "--force-share", "--fsname=vms", "s", "m"}},
+		// hydrate goes with or without a value.
+		{[]string{"qcowfs", "mount", "-o", "hydrate,overlay=temp", "s", "m"}, []string{"qcowfs", "mount", "--hydrate", "--overlay=temp", "s", "m"}},
+		{[]string{"qcowfs", "mount", "-o", "hydrate=50M", "s", "m"}, []string{"qcowfs", "mount", "--hydrate=50M", "s", "m"}},
 	} {
 		wd, _ := os.Getwd()
 		os.Chdir(filepath.Dir(dir))
@@ -166,5 +171,60 @@ func TestControlPath(t *testing.T) {
 	}
 	if a == b || a != controlPath(deep+"a/") {
 		t.Errorf("deep mount points: %q and %q; want distinct names, the same for the same mount point", a, b)
+	}
+}
+
+// TestHydrateFlag: --hydrate alone is on without a cap; --hydrate=RATE
+// sets the cap; a bad or zero rate is refused.
+func TestHydrateFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		on   bool
+		rate byteSize
+		bad  bool
+	}{
+		{nil, false, 0, false},
+		{[]string{"--hydrate"}, true, 0, false},
+		{[]string{"--hydrate=50M"}, true, 50 << 20, false},
+		{[]string{"--hydrate=1048576"}, true, 1 << 20, false},
+		{[]string{"--hydrate=fast"}, false, 0, true},
+		{[]string{"--hydrate=0"}, false, 0, true},
+	} {
+		k, err := newParser(os.Stdout, os.Stderr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = k.Parse(append(append([]string{"mount"}, tc.args...), "https://h/vm.qcow2", "/mnt"))
+		if tc.bad {
+			if err == nil {
+				t.Errorf("%q: parsed; want an error", tc.args)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: %v", tc.args, err)
+			continue
+		}
+		c := &k.Model.Target.Addr().Interface().(*cli).Mount
+		if c.Hydrate.On != tc.on || c.Hydrate.Rate != tc.rate {
+			t.Errorf("%q: hydrate %+v, want on %v, rate %d", tc.args, c.Hydrate, tc.on, tc.rate)
+		}
+	}
+}
+
+func TestHydrationProgress(t *testing.T) {
+	for _, tc := range []struct {
+		hs      []remote.HydrationStatus
+		want    string
+		running bool
+	}{
+		{[]remote.HydrationStatus{{Needed: 4 << 20, Done: 1 << 20, Rate: 2 << 20, State: "running"}, {Needed: 4 << 20, Done: 4 << 20, State: "complete"}},
+			"hydrating 1 file: 62.5% of 8.0 MiB, 2.0 MiB/s", true},
+		{[]remote.HydrationStatus{{Needed: 3 << 30, Done: 3 << 30, State: "complete"}, {Needed: 1 << 30, Done: 1 << 29, State: "bounded"}},
+			"hydrated 2 files: 87.5% of 4.0 GiB", false},
+	} {
+		if got, running := hydrationProgress(tc.hs); got != tc.want || running != tc.running {
+			t.Errorf("hydrationProgress(%+v) = %q, %v; want %q, %v", tc.hs, got, running, tc.want, tc.running)
+		}
 	}
 }

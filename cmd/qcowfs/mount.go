@@ -41,13 +41,15 @@ type mountCmd struct {
 	NoWritebackCache    bool     `help:"With --writable: send each buffered write to qcowfs as it is made (write-through) instead of through the kernel's writeback cache. A write across the end of the disk then returns the bytes that fit, and the next one fails with ENOSPC, instead of fsync or close failing; loop-mounted guests and small buffered writes are slower. See Writing in the README."`
 	// WritebackCache is the default with --writable; the flag stays for
 	// command lines written when it was not.
-	WritebackCache bool          `hidden:"" help:"The default with --writable."`
-	Overlay        string        `placeholder:"DIR" help:"With --writable: never change the images; the first write to an image makes its overlay DIR/REL (a qcow2 whose backing file is the original; REL is the image's path below the source), and writes go there. DIR must lie outside the source and the mount point. See Overlays in the README."`
-	FSName         string        `name:"fsname" placeholder:"NAME" help:"What mount, df and findmnt show as the source (default: the source path)."`
-	RemoteRefresh  time.Duration `default:"30s" placeholder:"DURATION" help:"Remote sources: list again when the listing is this old, at the next lookup or listing; objects added or replaced show up then (default: ${default})."`
-	remoteFlags    `embed:""`
-	keyFlags       `embed:""`
-	Options        []string `short:"o" sep:"none" placeholder:"OPT,..." help:"${options_help}"`
+	WritebackCache    bool          `hidden:"" help:"The default with --writable."`
+	Overlay           string        `placeholder:"DIR" help:"With --writable: never change the images; the first write to an image makes its overlay DIR/REL (a qcow2 whose backing file is the original, by path or URL; REL is the image's path below the source), and writes go there; a later mount with the same DIR picks them up. DIR must lie outside the source and the mount point. --overlay=temp: throwaway overlays in a folder of the daemon's own, removed at unmount (a folder named temp: ./temp). Required for --writable with a URL. See Overlays in the README."`
+	Hydrate           hydrateFlag   `placeholder:"RATE" help:"Remote images, with --cache-dir: once a reader opens an image, fetch everything a read of the whole disk needs (its tables and data clusters, never holes) into the disk cache in the background, readers first; --hydrate=RATE caps it at RATE bytes a second (50M). See Hydration in the README."`
+	AcceptChangedBase bool          `help:"Serve an overlay of a remote image even if its base is no longer the version the overlay was made on (the mount refuses such overlays, naming both versions): its writes then land on another base."`
+	FSName            string        `name:"fsname" placeholder:"NAME" help:"What mount, df and findmnt show as the source (default: the source path)."`
+	RemoteRefresh     time.Duration `default:"30s" placeholder:"DURATION" help:"Remote sources: list again when the listing is this old, at the next lookup or listing; objects added or replaced show up then (default: ${default})."`
+	remoteFlags       `embed:""`
+	keyFlags          `embed:""`
+	Options           []string `short:"o" sep:"none" placeholder:"OPT,..." help:"${options_help}"`
 	// Fake is mount(8)'s -f: mount nothing.
 	Fake bool `hidden:"" help:"Mount nothing (mount -f)."`
 	// RO is the ro option: read-only, whatever else is given.
@@ -120,6 +122,8 @@ func (c *mountCmd) Run(inv *invocation) error {
 		fmt.Fprintf(os.Stderr, "qcowfs: warning: %s\n", w)
 	}
 	c.daemonizing = ready == nil && !c.Foreground
+	// Throwaway overlays of daemons killed before they removed them.
+	removeStaleTempOverlays()
 	// The daemon checks again: things may have changed since the parent
 	// did, and its reason must reach the parent, not /dev/null.
 	if err := c.preflight(); err != nil {
@@ -150,7 +154,7 @@ func (c *mountCmd) resolvePaths() error {
 		return err
 	}
 	for _, p := range []*string{&c.Source, &c.Mountpoint, &c.LogFile, &c.CPUProfile, &c.Overlay} {
-		if *p == "" || remote.IsURL(*p) {
+		if *p == "" || remote.IsURL(*p) || (p == &c.Overlay && *p == tempOverlay) {
 			continue
 		}
 		abs, err := filepath.Abs(*p)
@@ -200,14 +204,17 @@ func (c *mountCmd) preflight() error {
 	if c.Overlay != "" && !c.Writable {
 		return usageErrorf("--overlay needs --writable: an overlay holds what is written")
 	}
+	if c.AcceptChangedBase && c.Overlay == "" {
+		return usageErrorf("--accept-changed-base needs --overlay: it is about overlays of remote images")
+	}
 	if c.Writable && c.ForceShare {
 		return fmt.Errorf("--force-share cannot be used with --writable: writing an image that another process writes would corrupt it")
 	}
 	isURL := remote.IsURL(c.Source)
 	var st os.FileInfo
 	if isURL {
-		if c.Writable {
-			return fmt.Errorf("--writable: remote images are read-only (the source is a URL)")
+		if c.Writable && c.Overlay == "" {
+			return usageErrorf("--writable with a URL needs --overlay DIR (or --overlay=temp): remote images are only read, their writes go to overlays")
 		}
 		if err := c.keyRoots(); err != nil {
 			return err
@@ -276,7 +283,7 @@ func (c *mountCmd) preflight() error {
 			// and hang.
 			return fmt.Errorf("source %s: inside the mount point %s; the mount would hide its own source", c.Source, c.Mountpoint)
 		}
-		if c.Overlay != "" {
+		if c.Overlay != "" && c.Overlay != tempOverlay {
 			srcDir := realSrc
 			if !st.IsDir() {
 				srcDir = filepath.Dir(realSrc)
@@ -284,6 +291,19 @@ func (c *mountCmd) preflight() error {
 			if err := checkOverlayDir(c.Overlay, srcDir, realMnt); err != nil {
 				return err
 			}
+		}
+	} else if c.Overlay != "" && c.Overlay != tempOverlay {
+		if err := checkOverlayDir(c.Overlay, "", realMnt); err != nil {
+			return err
+		}
+	}
+	// (After the source's checks: a missing source says so first.)
+	if c.Hydrate.On && (!remote.IsURL(c.Source) || c.CacheDir == "") {
+		return usageErrorf("--hydrate needs a remote source and --cache-dir: it fetches remote images into the disk cache")
+	}
+	if c.Overlay == tempOverlay {
+		if _, err := makeTempOverlayRoot(); err != nil {
+			return err
 		}
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
@@ -309,7 +329,8 @@ func (c *mountCmd) preflight() error {
 }
 
 // checkOverlayDir checks an overlay folder (absolute) against the source
-// folder and the mount point (both real paths), creating it if missing.
+// folder ("" for a remote source) and the mount point (both real paths),
+// creating it if missing.
 // It must not overlap either: inside the source its overlays would be
 // shown as images (and could be taken for the originals they hide),
 // inside the mount the daemon would write to itself, and a folder holding
@@ -330,9 +351,9 @@ func checkOverlayDir(dir, src, mnt string) error {
 		real = filepath.Dir(real)
 	}
 	switch {
-	case within(real, src):
+	case src != "" && within(real, src):
 		return fmt.Errorf("overlay folder %s: inside the source folder %s; put it outside the source", dir, src)
-	case within(src, real):
+	case src != "" && within(src, real):
 		return fmt.Errorf("overlay folder %s: holds the source folder %s; put it outside the source", dir, src)
 	case within(real, mnt) || within(mnt, real):
 		return fmt.Errorf("overlay folder %s: inside the mount point %s (or holding it); put it elsewhere", dir, mnt)
@@ -409,7 +430,7 @@ func (c *mountCmd) keyRoots() error {
 		return fmt.Errorf("source: %w", err)
 	}
 	c.keys.AddRoot(root)
-	if c.Overlay != "" {
+	if c.Overlay != "" && c.Overlay != tempOverlay { // (serve adds a throwaway folder)
 		c.keys.AddRoot(c.Overlay)
 	}
 	return nil

@@ -114,12 +114,25 @@ func rewriteOptions(mount *kong.Node, args []string, fromOption map[string]strin
 	return out, nil
 }
 
+// optionalValue tells a flag that goes with or without a value
+// (--hydrate[=RATE]) from a bool flag.
+func optionalValue(f *kong.Flag) bool {
+	if !f.Target.CanAddr() {
+		return false
+	}
+	_, ok := f.Target.Addr().Interface().(*hydrateFlag)
+	return ok
+}
+
 // optionToFlag returns the flag that option o stands for, "" for an
 // option that is ignored, or why o is refused.
 func optionToFlag(o string, flags map[string]*kong.Flag) (string, error) {
 	key, val, hasVal := strings.Cut(o, "=")
 	if f, ok := flags[key]; ok {
 		if f.IsBool() {
+			if hasVal && optionalValue(f) {
+				return "--" + f.Name + "=" + val, nil
+			}
 			if hasVal {
 				return "", fmt.Errorf("option %s takes no value (see qcowfs mount --help)", key)
 			}

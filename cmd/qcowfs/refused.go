@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/qcowfs/qcowfs/fs"
 	"github.com/qcowfs/qcowfs/internal/remotefile"
 	"github.com/qcowfs/qcowfs/qcow2"
 	"github.com/qcowfs/qcowfs/remote"
@@ -92,6 +93,8 @@ func refusalHint(err error) string {
 		return "--allow-corrupt"
 	case errors.Is(err, qcow2.ErrBudget):
 		return "--metadata-memory=SIZE gives image metadata more memory"
+	case errors.As(err, new(*fs.BaseChangedError)):
+		return "--accept-changed-base serves it anyway"
 	}
 	return ""
 }

@@ -29,6 +29,8 @@ type remoteFlags struct {
 	CacheDir          string        `placeholder:"DIR" help:"Remote images: also keep fetched chunks on disk under DIR, bounded by the cache dir size below; later mounts find them there."`
 	CacheDirSize      byteSize      `default:"1G" placeholder:"SIZE" help:"Remote images: the most bytes the disk cache keeps (default: ${default})."`
 	CAFile            string        `name:"ca-file" placeholder:"PATH" help:"Remote images: trust the CA certificates in this PEM file for https (an https S3 endpoint too), besides the system CAs."`
+
+	hydrateRate int64 // mount's --hydrate=RATE (remote.Options.HydrateRate)
 }
 
 // absPaths makes the path flags absolute.
@@ -60,6 +62,7 @@ func (r *remoteFlags) options(log *slog.Logger) remote.Options {
 		S3Endpoint:    r.S3Endpoint,
 		S3VirtualHost: r.S3VirtualHost,
 		S3Region:      r.S3Region,
+		HydrateRate:   r.hydrateRate,
 		Log:           log,
 	}
 }

@@ -60,6 +60,8 @@ type session struct {
 
 	stopControl func() // serve; nil without a control socket
 
+	tempOverlays string // --overlay=temp: the folder of this daemon's overlays
+
 	// undo is what serve releases when it returns, last first: the
 	// remote client, the memory limit, the signal handlers, the CPU
 	// profile.
@@ -120,13 +122,37 @@ func (s *session) newRoot() error {
 		Overlay:       c.Overlay,
 		Hint:          c.refusalHint,
 		TestHook:      testHook(),
+
+		AcceptChangedBase: c.AcceptChangedBase,
+		Hydrate:           c.Hydrate.On,
+	}
+	if c.Overlay == tempOverlay {
+		dir, err := makeTempOverlayDir()
+		if err != nil {
+			return err
+		}
+		// After the images are closed (shutdown), or if the mount
+		// fails.
+		s.atEnd(func() {
+			if err := os.RemoveAll(dir); err != nil {
+				s.log.Error("removing the throwaway overlays", "folder", dir, "err", err)
+			}
+		})
+		cfg.Overlay, s.tempOverlays = dir, dir
+		if !c.keys.Empty() {
+			c.keys.AddRoot(dir) // overlays have their originals' passphrases
+		}
 	}
 	if remote.IsURL(c.Source) {
+		c.hydrateRate = int64(c.Hydrate.Rate)
 		client, err := c.client(s.log)
 		if err != nil {
 			return err
 		}
 		s.atEnd(func() { client.Close() })
+		if c.Foreground && c.Hydrate.On && isTerminal(os.Stderr) {
+			s.atEnd(showHydration(os.Stderr, client.Hydrations))
+		}
 		cfg.Remote, cfg.RemoteRefresh = client, c.RemoteRefresh
 		_, cfg.AllowBackingURLs = splitAllowed(c.AllowBackingOutside)
 	}
@@ -223,8 +249,13 @@ func (s *session) serve() {
 	for _, line := range refusalLines(refused, c.refusalHint) {
 		s.say("%s", line)
 	}
+	if n, none := s.root.NoImages(); none {
+		line := fmt.Sprintf("%s: no qcow2 images among the %s listed (only objects that begin with the qcow2 magic are shown); the mount is empty", shownSource(c.Source), plural(n, "object"))
+		s.log.Warn(line)
+		s.say("%s", line)
+	}
 	facts := mountFacts{Source: shownSource(c.Source), Mountpoint: c.Mountpoint, PID: os.Getpid(), Started: s.started, Log: s.dest.where,
-		Writable: c.Writable, Overlay: c.Overlay, Hint: c.refusalHint}
+		Writable: c.Writable, Overlay: s.cfg.Overlay, TempOverlay: s.tempOverlays != "", Hint: c.refusalHint}
 	if c.Writable {
 		facts.CacheMode = "writethrough"
 		if s.cfg.WritebackCache {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/alecthomas/kong"
 )
 
 // byteSize is a size flag: a number of bytes with an optional binary
@@ -24,3 +26,26 @@ func (b *byteSize) UnmarshalText(text []byte) error {
 	*b = byteSize(n << sh)
 	return nil
 }
+
+// hydrateFlag is --hydrate[=RATE]: on, with an optional cap in bytes a
+// second (a size, 50M). Bare, it takes no value, as a bool flag does
+// (kong.BoolMapper): --hydrate is on without a cap.
+type hydrateFlag struct {
+	On   bool
+	Rate byteSize
+}
+
+func (h *hydrateFlag) Decode(ctx *kong.DecodeContext) error {
+	h.On = true
+	if ctx.Scan.Peek().Type != kong.FlagValueToken {
+		return nil
+	}
+	v := fmt.Sprint(ctx.Scan.Pop().Value)
+	if err := h.Rate.UnmarshalText([]byte(v)); err != nil || h.Rate == 0 {
+		return fmt.Errorf("--hydrate=%s: want a rate in bytes a second, a number with an optional K, M or G suffix (50M)", v)
+	}
+	return nil
+}
+
+// IsBool lets --hydrate go without a value.
+func (h *hydrateFlag) IsBool() bool { return true }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/qcowfs/qcowfs/fs"
 	"github.com/qcowfs/qcowfs/qcow2"
+	"github.com/qcowfs/qcowfs/remote"
 )
 
 type statusCmd struct {
@@ -38,6 +39,9 @@ type mountStatus struct {
 	Log        string    `json:"log"`
 	Writable   bool      `json:"writable"`
 	Overlay    string    `json:"overlay,omitempty"` // --overlay's folder
+	// TempOverlay says the overlays are throwaway (--overlay=temp):
+	// their folder goes at unmount.
+	TempOverlay bool `json:"temp-overlay,omitempty"`
 	// CacheMode is how a writable mount's buffered writes reach the
 	// images: "writeback" (the kernel's writeback cache) or
 	// "writethrough" (--no-writeback-cache).
@@ -62,6 +66,7 @@ type mountFacts struct {
 	Log                string
 	Writable           bool
 	Overlay, CacheMode string
+	TempOverlay        bool
 	Hint               func(error) string // the flag that shows a refused image
 }
 
@@ -69,7 +74,7 @@ type mountFacts struct {
 // tree's counters).
 func (f mountFacts) status(refused refusalLister, stats func() any) mountStatus {
 	s := mountStatus{Source: f.Source, Mountpoint: f.Mountpoint, PID: f.PID, Started: f.Started, Log: f.Log,
-		Writable: f.Writable, Overlay: f.Overlay, CacheMode: f.CacheMode, Refused: []refusal{}}
+		Writable: f.Writable, Overlay: f.Overlay, TempOverlay: f.TempOverlay, CacheMode: f.CacheMode, Refused: []refusal{}}
 	if refused != nil {
 		m := refused.Refused()
 		for p, err := range m {
@@ -147,8 +152,33 @@ func (c *statusCmd) Run() error {
 			fmt.Fprintf(w, "    %s; locks: %s\n", open, locksLine(im.Locks))
 			fmt.Fprintf(w, "    errors: %s\n", errorLine(im.ErrorCounts, false))
 		}
+		if st.Remote != nil && len(st.Remote.Hydration) > 0 {
+			fmt.Fprintf(w, "hydration:   %s\n", plural(len(st.Remote.Hydration), "file"))
+			for _, h := range st.Remote.Hydration {
+				fmt.Fprintf(w, "  %s\n", hydrationLine(h))
+			}
+		}
 	}
 	return nil
+}
+
+// hydrationLine says how far one hydration got: "https://h/vm.qcow2:
+// running, 41.5% of 2.0 GiB (850.3 MiB fetched, 48.2 MiB/s)".
+func hydrationLine(h remote.HydrationStatus) string {
+	line := fmt.Sprintf("%s: %s, %.1f%% of %s (%s fetched, %s/s)", h.URL, h.State, h.Percent,
+		mib(h.Needed), mib(h.Fetched), mib(h.Rate))
+	if h.Error != "" {
+		line += ": " + h.Error
+	}
+	return line
+}
+
+// mib shows a byte count in MiB (GiB from 1 GiB on), one decimal.
+func mib(n int64) string {
+	if n >= 1<<30 {
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 }
 
 // mode says whether the mount writes, and how.
@@ -159,6 +189,9 @@ func (s *mountStatus) mode() string {
 	m := "writable, " + s.CacheMode + " cache"
 	if s.Overlay != "" {
 		m += ", overlays in " + s.Overlay
+		if s.TempOverlay {
+			m += " (throwaway: removed at unmount)"
+		}
 	}
 	return m
 }

@@ -41,6 +41,8 @@ func (c *unmountCmd) Run() error {
 		// qemu-img on the images) finds them complete and unlocked.
 		waitExit(pid, mnt)
 	}
+	// A killed daemon's throwaway overlays (tempoverlay.go).
+	removeStaleTempOverlays()
 	return nil
 }
 

@@ -45,6 +45,8 @@ var images = []*image{
 		make: `qemu-img convert -q -W -m 4 -c -o compression_type=zstd -f raw -O qcow2 "$RAW" "$DST"`},
 	{name: "enc", twin: "plain", title: "the plain image encrypted: LUKS, AES-256-XTS plain64, qemu's default PBKDF2 cost",
 		make: `luks qemu-img convert -q -S 0 --object secret,id=s0,file="$KEY" -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.cipher-alg=aes-256,encrypt.cipher-mode=xts -f raw -O qcow2 "$RAW" "$DST"`},
+	{name: "rawfile", twin: "plain", title: "the plain image's raw twin as a plain file (plain.img, a hard link) beside an empty qcow2 image",
+		make: `qemu-img create -q -f qcow2 "$DST" 1M && ln -f "$RAW" "${DST%/*}/plain.img"`},
 	{name: "sparse1t", title: "1 TiB, 256 MiB of data in 1 MiB pieces, one every 4 GiB",
 		make: qemuIO(`"$DST" 1T`, `for i in $(seq 0 255); do echo "write -q -P $((i % 255 + 1)) $((i * 4 * 2**30 + (i * 131 % 4000) * 2**20)) 1M"; done`)},
 	{name: "fragback", title: "1 GiB written backwards 64 KiB at a time (host clusters in reverse order)",

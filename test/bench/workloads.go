@@ -155,7 +155,10 @@ const (
 	mountGst = `dev=$(losetup -r -f --show "$FILE"); echo $dev > "$RUN/dev"; partx -a $dev 2>/dev/null || true
 for i in $(seq 100); do [ -b ${dev}p1 ] && break; sleep 0.1; done
 mkdir "$RUN/g"; mount -t ext4 -o ro,noload ${dev}p1 "$RUN/g"`
-	tarGst   = `cd "$RUN/g" && tar cf - . | wc -c`
+	tarGst = `cd "$RUN/g" && tar cf - . | wc -c`
+	// hot reads the image file into the host's page cache (the page
+	// cache of a mount made for the run is empty).
+	hot      = `dropcaches; cat "$IMG" > /dev/null; if [ "$FMT" = raw ]; then cat "$RAW" > /dev/null; fi`
 	unmntGst = `umount "$RUN/g" || true; dev=$(cat "$RUN/dev"); partx -d $dev || true; losetup -d $dev`
 )
 
@@ -174,6 +177,11 @@ func readWorkloads() []*workload {
 			metrics: []metric{rate("MB/s", "", 0), cpuPerGiB}, quick: []string{"raw", "qcowfs", "qemu"}},
 		{id: "dd-plain-warm", title: "the same right after a cold read", image: "plain", who: readers, before: "dropcaches; " + dd, cmd: dd,
 			metrics: []metric{rate("MB/s", "", 0), cpuPerGiB}},
+		{id: "dd-plain-hot", title: "the same with the image file in the host's page cache, the mount's cache empty", image: "plain", who: readers,
+			before: hot, cmd: dd, metrics: []metric{rate("MB/s", "", 0), cpuPerGiB}},
+		{id: "dd-rawfile", title: "dd bs=1M of a 2 GiB raw file in the mounted folder, cold: through the mount against reading it directly", image: "rawfile",
+			who: []string{"raw", "qcowfs"}, cold: true, cmd: `dd if="$(dirname "$FILE")/plain.img" of=/dev/null bs=1M status=none`,
+			own: map[string]string{"raw": dd}, metrics: []metric{rate("MB/s", "", 0), cpuPerGiB}},
 		{id: "fio-plain", title: "fio 4 KiB random reads, 4 jobs, O_DIRECT, the plain image", image: "plain",
 			who: []string{"raw", "qcowfs", "qemu", "qcowmount"}, cmd: fioRead, parse: parseFio, metrics: []metric{iops, cpuPerIO}, quick: []string{"qcowfs", "qemu"}},
 		{id: "guest", title: "tar of every file of the guest's ext4 partition, through a loop device", image: "guest", who: readers,
@@ -199,12 +207,16 @@ func readWorkloads() []*workload {
 			&workload{id: "dd-" + img, title: "dd bs=1M of the 2 GiB " + img + " image, cold", image: img, cold: true, cmd: dd,
 				who:     []string{"qcowfs", "qemu", "qemu-tuned", "qcowmount", "qcowfs-strace"},
 				metrics: []metric{rate("MB/s", "", 0), cpuPerGiB, perClus}, quick: when(img == "zstd", "qcowfs", "qemu")},
+			&workload{id: "dd-" + img + "-hot", title: "dd bs=1M of the " + img + " image with its file in the host's page cache", image: img,
+				who: []string{"qcowfs", "qemu", "qemu-tuned"}, before: hot, cmd: dd, metrics: []metric{rate("MB/s", "", 0), cpuPerGiB}},
 			&workload{id: "cp-" + img, title: "cp of the " + img + " image against qemu-img convert", image: img, cold: true,
 				who: []string{"convert", "qcowfs"}, cmd: cp, own: map[string]string{"convert": convert}, verify: sameAsRaw,
 				metrics: []metric{took("time", "")}})
 	}
-	ws = append(ws, &workload{id: "fio-deflate", title: "fio 4 KiB random reads, 4 jobs, O_DIRECT, the deflate image", image: "deflate",
-		who: []string{"qcowfs", "qemu", "qcowmount"}, cmd: fioRead, parse: parseFio, metrics: []metric{iops, cpuPerIO}})
+	for _, img := range []string{"deflate", "zstd"} {
+		ws = append(ws, &workload{id: "fio-" + img, title: "fio 4 KiB random reads, 4 jobs, O_DIRECT, the " + img + " image", image: img,
+			who: []string{"qcowfs", "qemu", "qcowmount"}, cmd: fioRead, parse: parseFio, metrics: []metric{iops, cpuPerIO}})
+	}
 	for _, img := range []string{"sparse1t", "fragback"} {
 		ws = append(ws,
 			&workload{id: "check-" + img, title: "qcowfs check against qemu-img check", image: img, who: []string{"qcowfs", "qemu-img"},

@@ -121,7 +121,7 @@ func TestHelp(t *testing.T) {
 	// the missing source, not a flag.
 	nosuch := filepath.Join(t.TempDir(), "nosuch")
 	value := map[string]string{"SIZE": "16M", "PATH": filepath.Join(t.TempDir(), "f"), "DIR": t.TempDir(), "NAME": "x",
-		"splice": "copy", "info": "warn", "URL": "http://127.0.0.1:9", "REGION": "us-east-1", "N": "4", "DURATION": "5s"}
+		"splice": "copy", "info": "warn", "URL": "http://127.0.0.1:9", "REGION": "us-east-1", "N": "4", "DURATION": "5s", "RATE": "50M"}
 	args := []string{"mount"}
 	var opts []string
 	for f, ph := range flags {

@@ -41,19 +41,34 @@ type Errors struct {
 
 // RemoteStats are the remote client's counters of a remote mount.
 type RemoteStats struct {
-	Requests int64 `json:"requests"`
-	Bytes    int64 `json:"bytes"`
-	Retries  int64 `json:"retries"`
-	Errors   int64 `json:"errors"`
+	Requests  int64       `json:"requests"`
+	Bytes     int64       `json:"bytes"`
+	Retries   int64       `json:"retries"`
+	Errors    int64       `json:"errors"`
+	Hydration []Hydration `json:"hydration"`
+}
+
+// Hydration is one remote file's hydration (--hydrate).
+type Hydration struct {
+	URL     string  `json:"url"`
+	Needed  int64   `json:"needed"`
+	Done    int64   `json:"done"`
+	Fetched int64   `json:"fetched"`
+	Percent float64 `json:"percent"`
+	Rate    int64   `json:"rate"`
+	State   string  `json:"state"`
 }
 
 // A Status is what the tests read of qcowfs status --output=json.
 type Status struct {
-	Writable  bool   `json:"writable"`
-	Overlay   string `json:"overlay"`
-	CacheMode string `json:"cache-mode"`
-	Refused   []struct{ Image, Reason, Hint string }
-	Images    struct {
+	Writable bool   `json:"writable"`
+	Overlay  string `json:"overlay"`
+	// TempOverlay: Overlay is the folder of throwaway overlays
+	// (--overlay=temp), removed at unmount.
+	TempOverlay bool   `json:"temp-overlay"`
+	CacheMode   string `json:"cache-mode"`
+	Refused     []struct{ Image, Reason, Hint string }
+	Images      struct {
 		Open []OpenImage `json:"open-images"`
 		Errors
 		Remote *RemoteStats `json:"remote"` // nil but for a remote mount

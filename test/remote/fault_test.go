@@ -131,6 +131,11 @@ func TestRemoteFaults(t *testing.T) {
 	<-done
 	proxy.Clear()
 	proxy.Release()
+	// The timeout marked the object down: its reads fail at once until
+	// the probe finds the server answering, which the daemon logs.
+	harness.WaitFor(t, "the probe to find the server answering", 10*time.Second, func() bool {
+		return strings.Contains(m.LogText(t), "the server answers again")
+	})
 	if err := readVictim(); err != nil {
 		t.Errorf("after the stall: %v", err)
 	}

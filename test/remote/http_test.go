@@ -192,8 +192,8 @@ func TestRemoteInfoMatchesQemu(t *testing.T) {
 
 // TestRemoteNoLocalFiles: an image on a server naming a local file (an
 // absolute path that exists here, a file: name) is refused, even with
-// --allow-backing-outside naming the local folder; --writable is refused
-// with a remote source.
+// --allow-backing-outside naming the local folder; --writable without
+// --overlay is refused with a remote source (its writes go to overlays).
 func TestRemoteNoLocalFiles(t *testing.T) {
 	harness.RequireFUSE(t)
 	root := qemu.TempDir(t)
@@ -212,8 +212,8 @@ func TestRemoteNoLocalFiles(t *testing.T) {
 	}
 	qemu.Create(t, "qcow2", filepath.Join(root, "plain.qcow2"), "8M")
 	ng := servers.StartNginx(t, root, false)
-	if _, out, err := tryMountRemote(t, harness.Daemon{}, ng.URL+"/plain.qcow2", "--writable"); err == nil || !strings.Contains(out, "read-only") {
-		t.Errorf("--writable with a URL: err %v, output %q; want a refusal", err, out)
+	if _, out, err := tryMountRemote(t, harness.Daemon{}, ng.URL+"/plain.qcow2", "--writable"); err == nil || !strings.Contains(out, "--overlay") {
+		t.Errorf("--writable with a URL and no --overlay: err %v, output %q; want a refusal naming --overlay", err, out)
 	}
 }
 

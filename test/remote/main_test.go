@@ -1,5 +1,6 @@
 // Package remote tests images over HTTP(S) and S3 (nginx, versitygw, a
-// fault proxy) through a mount and through info, map and check.
+// fault proxy) through a mount and through info, map and check, and
+// writable mounts of them through local overlays (overlay_test.go).
 package remote
 
 import (

@@ -140,3 +140,32 @@ func checkRemoteDf(t *testing.T, dir string, stored int64, objects uint64) {
 		t.Errorf("df -B1 %s says %q (size, used, available), want %q", dir, got, want)
 	}
 }
+
+// TestRemoteS3NoImages: a prefix whose objects are none of them qcow2
+// images still mounts, empty, and the mount says so in one line with the
+// number of objects listed; a prefix with images says nothing of it.
+func TestRemoteS3NoImages(t *testing.T) {
+	srv := startS3(t, "misc")
+	work := t.TempDir()
+	img := filepath.Join(work, "vm.qcow2")
+	qemu.Create(t, "qcow2", img, "4M")
+	notes := filepath.Join(work, "notes.txt")
+	os.WriteFile(notes, []byte("not an image\n"), 0o644)
+	for key, path := range map[string]string{"docs/a.txt": notes, "docs/sub/b.txt": notes, "docs/c.raw": notes, "vms/vm.qcow2": img, "vms/x.txt": notes} {
+		putFile(t, srv, "misc", key, path)
+	}
+	env := s3Env(t, srv.Access, srv.Secret)
+	m := mountRemote(t, harness.Daemon{Env: env}, "s3://misc/docs/", "--s3-endpoint", srv.Endpoint)
+	out := strings.TrimSpace(m.Said)
+	if strings.Count(out, "\n") != 0 || !strings.Contains(out, "no qcow2 images among the 3 objects listed") {
+		t.Errorf("mount of a prefix without images says %q; want one line with the 3 objects listed", out)
+	}
+	// (Folders of the keys are shown, empty.)
+	if names := harness.Names(t, m.Dir); !reflect.DeepEqual(names, []string{"sub"}) {
+		t.Errorf("the mount of a prefix without images lists %q, want the folder sub only", names)
+	}
+	m = mountRemote(t, harness.Daemon{Env: env}, "s3://misc/vms/", "--s3-endpoint", srv.Endpoint)
+	if strings.Contains(m.Said, "no qcow2") {
+		t.Errorf("mount of a prefix with an image says %q", m.Said)
+	}
+}

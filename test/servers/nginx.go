@@ -119,6 +119,10 @@ http {
 	return b.String()
 }
 
+// Stop stops nginx now (it is stopped at the end of the test anyway):
+// for tests of what still reads without the server.
+func (n *Nginx) Stop() { n.proc.stop() }
+
 // Log returns the requests logged so far. nginx logs a request when it is
 // done with it, which may be a moment after the client has its bytes: use
 // WaitLog to wait for a known number.

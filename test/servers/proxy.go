@@ -41,6 +41,7 @@ type Fault struct {
 	Body       string                   // for Status: the body (e.g. an S3 error document); default a line of text
 	After      int64                    // for Drop and ShortBody: body bytes sent first
 	Delay      time.Duration            // for Delay
+	Rate       int64                    // for Delay: if > 0, each response's body is sent at most this many bytes a second
 	Count      int                      // requests to apply it to, then Pass; 0: every request
 	Match      func(*http.Request) bool // which requests; nil: all
 }
@@ -121,6 +122,33 @@ func (p *FaultProxy) Requests() int64  { return p.requests.Load() }
 func (p *FaultProxy) Faulted() int64   { return p.faulted.Load() }
 func (p *FaultProxy) Held() int        { return int(p.held.Load()) }
 func (p *FaultProxy) BodyBytes() int64 { return p.bodyBytes.Load() }
+
+// paced copies body to w at most rate bytes a second, in pieces of up
+// to 16 KiB: the link of a given bandwidth that Fault.Rate stands for,
+// each response with a link of its own.
+func paced(w http.ResponseWriter, body io.Reader, rate int64) (int64, error) {
+	start := time.Now()
+	buf := make([]byte, 16<<10)
+	var n int64
+	for {
+		if d := time.Duration(float64(n)/float64(rate)*float64(time.Second)) - time.Since(start); d > 0 {
+			time.Sleep(d)
+		}
+		k, rerr := body.Read(buf)
+		if k > 0 {
+			if _, err := w.Write(buf[:k]); err != nil {
+				return n, err
+			}
+			n += int64(k)
+		}
+		if rerr == io.EOF {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
+}
 
 // take returns the fault for r, counting it down.
 func (p *FaultProxy) take(r *http.Request) (Fault, <-chan struct{}) {
@@ -218,7 +246,12 @@ func (p *FaultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		body = io.LimitReader(resp.Body, f.After)
 	}
 	w.WriteHeader(resp.StatusCode)
-	n, err := io.Copy(w, body)
+	var n int64
+	if f.Kind == Delay && f.Rate > 0 {
+		n, err = paced(w, body, f.Rate)
+	} else {
+		n, err = io.Copy(w, body)
+	}
 	p.bodyBytes.Add(n)
 	if (f.Kind == Drop && resp.ContentLength > f.After) || (err != nil && !errors.Is(err, io.EOF)) {
 		// Cut the connection with the response unfinished.

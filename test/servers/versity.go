@@ -142,3 +142,18 @@ func (s *S3Server) Put(t testing.TB, bucket, key string, data []byte) (etag, ver
 	}
 	return aws.ToString(out.ETag), aws.ToString(out.VersionId)
 }
+
+// Presign returns a presigned https:// (here http://) URL of bucket/key,
+// valid for an hour: what qemu's curl driver can open, as it cannot sign
+// S3 requests.
+func (s *S3Server) Presign(t testing.TB, bucket, key string) string {
+	t.Helper()
+	ctx, cancel := setupCtx()
+	defer cancel()
+	req, err := s3.NewPresignClient(s.Client()).PresignGetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: &key},
+		s3.WithPresignExpires(time.Hour))
+	if err != nil {
+		t.Fatalf("presign %s/%s: %v", bucket, key, err)
+	}
+	return req.URL
+}

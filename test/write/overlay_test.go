@@ -371,3 +371,132 @@ func TestOverlayGuestCommit(t *testing.T) {
 	ro, _ := harness.MountGuest(t, dev, "ro,noload")
 	harness.CompareTrees(t, harness.ReadTree(t, ro), want) // after qemu-img commit
 }
+
+// TestTempOverlay: throwaway overlays (--writable --overlay=temp) over a
+// local folder, without --cache-dir. qcowfs status names the mount's
+// folder of overlays, under $TMPDIR/qcowfs-UID; seeded writes, discards
+// and a grow read back as the raw model while the mount lasts, and the
+// overlay in that folder is what qemu reads as the model (qemu-img compare
+// -U after fsync); the source is unchanged. The folder is gone once qcowfs
+// unmount returns, and once a daemon stopped with SIGTERM has exited. A
+// daemon killed with SIGKILL leaves its folder; the next mount with
+// --overlay=temp removes it (and its own after unmount), so folders never
+// pile up.
+func TestTempOverlay(t *testing.T) {
+	harness.RequireFUSE(t)
+	src := qemu.TempDir(t)
+	img := filepath.Join(src, "vm.qcow2")
+	qemu.Create(t, "qcow2", img, "32M")
+	qemu.Run(t, "qemu-io", "-c", "write -P 0x5a 1M 3M", img)
+	before := harness.ReadTree(t, src)
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp) // the daemons' and qcowfs unmount's
+	root := filepath.Join(tmp, fmt.Sprintf("qcowfs-%d", os.Geteuid()))
+	work := qemu.TempDir(t)
+	model, err := os.ReadFile(qemu.ToRaw(t, img, filepath.Join(work, "before.raw")))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// folderOf is m's folder of throwaway overlays, from qcowfs status.
+	folderOf := func(m *harness.Mounted) string {
+		t.Helper()
+		st, out := harness.StatusOf(t, m.Dir)
+		if !st.TempOverlay || filepath.Dir(st.Overlay) != root {
+			t.Fatalf("qcowfs status of a mount with --overlay=temp: overlay %q, temp %v; want a throwaway folder in %s\n%s", st.Overlay, st.TempOverlay, root, out)
+		}
+		if fi, err := os.Stat(st.Overlay); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Fatalf("the folder of throwaway overlays %s: %v; want mode 0700", st.Overlay, err)
+		}
+		return st.Overlay
+	}
+	// write applies seeded operations through m and checks they read
+	// back, then that qemu reads the overlay in dir as the model.
+	write := func(m *harness.Mounted, dir, round string) {
+		t.Helper()
+		f, err := os.OpenFile(filepath.Join(m.Dir, "vm.raw"), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := fnv.New64a()
+		h.Write([]byte(round))
+		for _, op := range qemu.Ops(h.Sum64(), 20, int64(len(model)), 64<<10) {
+			applyThrough(t, f, op)
+			model = op.Apply(model)
+		}
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join(m.Dir, "vm.raw"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i := harness.FirstDiff(got, model); i >= 0 {
+			t.Errorf("%s: the mount reads differently from the model at byte %d", round, i)
+		}
+		f.Close()
+		want := filepath.Join(work, round+".raw")
+		if err := os.WriteFile(want, model, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("qemu-img", "compare", "-U", "-f", "qcow2", "-F", "raw", filepath.Join(dir, "vm.qcow2"), want).CombinedOutput(); err != nil {
+			t.Errorf("%s: qemu-img compare of the throwaway overlay with the model: %v\n%s", round, err, out)
+		}
+	}
+	gone := func(dir, when string) {
+		t.Helper()
+		if _, err := os.Lstat(dir); !os.IsNotExist(err) {
+			t.Errorf("%s: the folder of throwaway overlays %s is still there (%v)", when, dir, err)
+		}
+	}
+	fresh := func() {
+		// Each mount starts from the original: throwaway writes are
+		// gone with their mount.
+		var err error
+		if model, err = os.ReadFile(filepath.Join(work, "before.raw")); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	m := harness.Racy.Mount(t, src, "--writable", "--overlay=temp")
+	dir := folderOf(m)
+	write(m, dir, "unmount")
+	m.Unmount(t)
+	gone(dir, "after qcowfs unmount")
+	harness.CompareTrees(t, harness.ReadTree(t, src), before)
+
+	fresh()
+	m = harness.Mount(t, src, "--writable", "--overlay=temp")
+	if got, err := os.ReadFile(filepath.Join(m.Dir, "vm.raw")); err != nil || harness.FirstDiff(got, model) >= 0 {
+		t.Errorf("a new mount with --overlay=temp does not read as the original (%v)", err)
+	}
+	dir = folderOf(m)
+	write(m, dir, "sigterm")
+	if err := syscall.Kill(m.PID(t), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitGone(t, m.Dir)
+	gone(dir, "after SIGTERM")
+
+	fresh()
+	m = harness.Mount(t, src, "--writable", "--overlay=temp")
+	killed := folderOf(m)
+	write(m, killed, "sigkill")
+	if err := syscall.Kill(m.PID(t), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitGone(t, m.Dir)
+	exec.Command("umount", "-l", m.Dir).Run()
+	if _, err := os.Stat(filepath.Join(killed, "vm.qcow2")); err != nil {
+		t.Errorf("a daemon killed with SIGKILL removed its overlays? %v", err)
+	}
+	m = harness.Mount(t, src, "--writable", "--overlay=temp")
+	gone(killed, "after the next mount")
+	dir = folderOf(m)
+	if names, _ := filepath.Glob(filepath.Join(root, "*")); len(names) != 1 || names[0] != dir {
+		t.Errorf("throwaway folders beside the live mount's %s: %v", dir, names)
+	}
+	m.Unmount(t)
+	gone(dir, "after qcowfs unmount")
+	harness.CompareTrees(t, harness.ReadTree(t, src), before)
+}
