@@ -212,3 +212,57 @@ func TestEncryptedOverlay(t *testing.T) {
 		t.Errorf("mounted again: %s", m.Said)
 	}
 }
+
+// TestEncryptedTempOverlay: with --overlay=temp and --key-dir alone, the
+// throwaway overlay of an encrypted image is LUKS-encrypted and opens
+// with its original's passphrase, found in --key-dir by the overlay's
+// path below the throwaway folder (without that folder as a key root the
+// overlay cannot open and the write fails); while mounted, qemu reads it
+// (force-share, with the secret for it and its backing file) as the
+// model, and the written data is not in the clear.
+func TestEncryptedTempOverlay(t *testing.T) {
+	harness.RequireFUSE(t)
+	qemu.Require(t, "qemu-img", "qemu-io")
+	src := qemu.TempDir(t)
+	img := filepath.Join(src, "sub", "vm.qcow2")
+	if err := os.MkdirAll(filepath.Dir(img), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	qemu.CreateLUKS(t, img, "temp pass", "8M", "")
+	e := qemu.EncImage{Name: "vm", Path: img, Secrets: map[string]string{"vm.qcow2": "temp pass"}, Chain: []string{"vm.qcow2"}}
+	kdir := t.TempDir()
+	qemu.KeyDir(t, kdir, src, []qemu.EncImage{e})
+	t.Setenv("TMPDIR", t.TempDir()) // the daemon's throwaway folder
+	m := harness.Mount(t, src, "--writable", "--overlay=temp", "--key-dir", kdir)
+	data := bytes.Repeat([]byte("throwaway overlay, encrypted. "), 3000)
+	f, err := os.OpenFile(filepath.Join(m.Dir, "sub", "vm.raw"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(data, 1<<20); err != nil {
+		t.Fatalf("writing through the mount: %v", err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	st, out := harness.StatusOf(t, m.Dir)
+	if !st.TempOverlay {
+		t.Fatalf("no throwaway overlays in qcowfs status:\n%s", out)
+	}
+	o := e
+	o.Path = filepath.Join(st.Overlay, "sub", "vm.qcow2")
+	o.Chain = []string{"vm.qcow2", "vm.qcow2"} // the overlay has the original's passphrase
+	if info := string(qemu.Img(t, "info", "-U", o.Path)); !strings.Contains(info, "format: luks") || !strings.Contains(info, "backing file: "+img) {
+		t.Errorf("the throwaway overlay is not a LUKS image over its original:\n%s", info)
+	}
+	model := make([]byte, 8<<20)
+	copy(model[1<<20:], data)
+	raw := filepath.Join(t.TempDir(), "model.raw")
+	if err := os.WriteFile(raw, model, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o.CompareRaw(t, raw, "force-share=on", "read-only=on")
+	notInClear(t, o.Path, data[:64])
+	m.Unmount(t)
+	m.NoPanics(t)
+}
