@@ -115,3 +115,79 @@ func TestRemoteEncryptedS3(t *testing.T) {
 	}
 	m.NoPanics(t)
 }
+
+// TestRemoteEncryptedOverlay: an encrypted image over http, mounted with
+// --writable --overlay and --key-dir alone: the first write makes an
+// overlay LUKS-encrypted over the URL, which opens with the original's
+// passphrase (its key found by the overlay's path below the overlay
+// folder, the original's by its path below the URL's folder); qemu opens
+// the overlay with that secret for both files, reading the base over
+// http itself, and finds the model; the written data is not in the
+// overlay in the clear; the server got only GETs and HEADs.
+func TestRemoteEncryptedOverlay(t *testing.T) {
+	harness.RequireFUSE(t)
+	qemu.Require(t, "qemu-img", "qemu-io")
+	root := qemu.TempDir(t)
+	base := filepath.Join(root, "vm.qcow2")
+	qemu.CreateLUKS(t, base, "remote pass", "16M", "")
+	e := qemu.EncImage{Name: "vm", Path: base, Secrets: map[string]string{"vm.qcow2": "remote pass"}, Chain: []string{"vm.qcow2"}}
+	e.IO(t, "write -P 0x3c 0 3M")
+	work := t.TempDir()
+	model, err := os.ReadFile(e.ToRaw(t, filepath.Join(work, "before.raw")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kdir := t.TempDir()
+	qemu.KeyDir(t, kdir, root, []qemu.EncImage{e})
+	ng := servers.StartNginx(t, root, false)
+	url := ng.URL + "/vm.qcow2"
+	ov := filepath.Join(t.TempDir(), "overlays")
+
+	m := mountRemote(t, harness.Racy, url, "--writable", "--overlay", ov, "--key-dir", kdir)
+	data := bytes.Repeat([]byte("remote overlay, encrypted. "), 4000)
+	f, err := os.OpenFile(filepath.Join(m.Dir, "vm.raw"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(data, 2<<20+123); err != nil {
+		t.Fatalf("writing through the mount: %v", err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	copy(model[2<<20+123:], data)
+	m.Unmount(t)
+	m.NoPanics(t)
+
+	o := e
+	o.Path = filepath.Join(ov, "vm.qcow2")
+	o.Chain = []string{"vm.qcow2", "vm.qcow2"} // the overlay has the original's passphrase
+	if info := string(qemu.Img(t, "info", o.Path)); !strings.Contains(info, "format: luks") || !strings.Contains(info, "backing file: "+url) {
+		t.Errorf("the overlay is not a LUKS image over the URL:\n%s", info)
+	}
+	want := filepath.Join(work, "model.raw")
+	if err := os.WriteFile(want, model, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := curlQemu(t, append(o.Args(t, "compare"), "driver=raw,file.filename="+want)...); err != nil {
+		t.Errorf("qemu-img compare of the overlay (its base over http) with the model: %v\n%s", err, out)
+	}
+	notInClear(t, o.Path, data[:64])
+	for _, a := range ng.Log(t) {
+		if a.Method != "GET" && a.Method != "HEAD" {
+			t.Errorf("nginx got %s %s: an overlay mount only reads", a.Method, a.URI)
+		}
+	}
+}
+
+// notInClear fails the test if the file at path holds b.
+func notInClear(t *testing.T, path string, b []byte) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(data, b) {
+		t.Errorf("%s holds written data in the clear", path)
+	}
+}
