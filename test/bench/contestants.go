@@ -53,6 +53,12 @@ func contestants(bin string) []*contestant {
 			how: "`qcowfs mount [--writable] DIR|URL MNT`, default options; `qcowfs unmount MNT` after the run"},
 		{id: "qcowfs-nowb", label: "qcowfs --no-writeback-cache", role: ref, bin: bin, flags: " --no-writeback-cache", mount: mountQcowfs,
 			how: "qcowfs without the kernel's writeback cache: every buffered write crosses FUSE"},
+		{id: "qcowfs-overlay", label: "qcowfs --writable --overlay=temp", role: ref, bin: bin, flags: " --writable --overlay=temp", mount: mountQcowfs,
+			how: "qcowfs with a throwaway overlay over the image: reads go through the overlay to its (remote) base"},
+		{id: "qcowfs-hydrated", label: "qcowfs, hydrated", role: ref, bin: bin, flags: ` --hydrate --cache-dir "$RUN/cache" --cache-dir-size 8G`, mount: mountHydrated,
+			how: "qcowfs with `--hydrate --cache-dir DIR --cache-dir-size 8G`: the image opened and its hydration waited for (untimed) before the run"},
+		{id: "qcowfs-local", label: "qcowfs, local image", role: ref, bin: bin, mount: mountLocal,
+			how: "qcowfs mounting the remote image's local file: what a hydrated image should read like"},
 		{id: "qemu", label: "qemu export", role: peer, mount: mountQemu(""),
 			how: "`qemu-storage-daemon --blockdev driver=file|http,... --blockdev driver=qcow2,... --export type=fuse,writable=off|on`; " +
 				"read-only=on on both nodes for reads, discard=unmap for writes; SIGTERM after the run"},
@@ -120,6 +126,35 @@ func mountQcowfs(e *env, t *target, c *contestant) error {
 		return e.stopped(t, "qcowfs", 0)
 	})
 	return nil
+}
+
+// mountHydrated mounts as qcowfs does (with the contestant's --hydrate
+// and a disk cache in the run's folder), opens the image, which starts
+// its hydration, and waits until qcowfs status says it is complete.
+func mountHydrated(e *env, t *target, c *contestant) error {
+	if err := os.Mkdir(filepath.Join(t.dir, "cache"), 0o755); err != nil {
+		return err
+	}
+	if err := mountQcowfs(e, t, c); err != nil {
+		return err
+	}
+	_, err := e.sh(`head -c 1 "$FILE" > /dev/null
+for i in $(seq 1200); do
+  s=$("$BIN" status "$MNT") || exit 1
+  case "$s" in *": running"*) ;; *": complete"*) exit 0 ;; *": bounded"* | *": failed"* | *": stopped"*) echo "$s"; exit 1 ;; esac
+  sleep 0.25
+done
+echo "the hydration did not complete: $s"; exit 1`, append(t.vars, "FILE="+t.file, "MNT="+t.mnt, "BIN="+c.bin)...)
+	return err
+}
+
+// mountLocal mounts the local file of a remote workload's image, as
+// qcowfs mounts a local image.
+func mountLocal(e *env, t *target, c *contestant) error {
+	url, s3, img := t.url, t.s3, t.img
+	t.url, t.s3, t.img = "", "", t.local
+	defer func() { t.url, t.s3, t.img = url, s3, img }()
+	return mountQcowfs(e, t, c)
 }
 
 // daemonOf is the process serving the mount at mnt: the one with mnt as

@@ -15,6 +15,7 @@ type target struct {
 	img      string // the qcow2 image (the raw file's fresh raw image), or its URL
 	raw      string // the image's raw twin
 	url      string // remote: what a mount reads (http:// or s3://)
+	local    string // remote: the image's local file
 	s3       string // remote over S3: the endpoint
 	key      string // an encrypted image's passphrase file
 	writable bool
