@@ -18,17 +18,21 @@ import (
 // read-only and never written. The first write to an image makes its
 // overlay, OVERLAY/REL (REL being the image's path below the source), a
 // qcow2 image whose backing file is the original, with format qcow2, of
-// the same virtual and cluster size: made under a temporary name, synced,
-// renamed into place (never over a file) and its folder synced, so that a
-// crash leaves no half-made overlay. The original is named by absolute
-// path, or for a remote source by its URL (without credentials: qemu's
-// curl driver opens an http(s) one as it is; an s3:// one only qcowfs
-// opens), and an overlay of a remote image records the version of its
-// base (overlaybase.go). From then on the overlay is served: writes go to
-// it, reads fall through to the original where it has nothing. A later
-// mount with the same folder picks the overlay up, after checking that it
-// still names the original (and, remote, that the original is the version
-// it was made on).
+// the same virtual and cluster size, and, if the original is encrypted,
+// LUKS-encrypted with its passphrase, cipher and PBKDF2 costs
+// (qcow2.Image.Encryption), so that the guest's data never lands in the
+// clear (the image options' Passphrase gives the overlay, named
+// OVERLAY/REL, the original's passphrase when it opens): made under a
+// temporary name, synced, renamed into place (never over a file) and its
+// folder synced, so that a crash leaves no half-made overlay. The original
+// is named by absolute path, or for a remote source by its URL (without
+// credentials: qemu's curl driver opens an http(s) one as it is; an s3://
+// one only qcowfs opens), and an overlay of a remote image records the
+// version of its base (overlaybase.go). From then on the overlay is
+// served: writes go to it, reads fall through to the original where it has
+// nothing. A later mount with the same folder picks the overlay up, after
+// checking that it still names the original (and, remote, that the
+// original is the version it was made on).
 //
 // The original stays open beside its overlay (openImage.orig): it is the
 // file the disk is named after, whose identity and snapshots the listing
@@ -43,10 +47,6 @@ func (m *mount) overlayPath(rel string) string {
 // opens the overlay if one exists, or marks it pending.
 func (m *mount) pickOverlay(oi *openImage) error {
 	oi.overlay = m.overlayPath(oi.rel)
-	if why := overlayRefusal(oi.orig); why != "" {
-		m.noteReadOnly(oi.path, why)
-		return nil
-	}
 	img, err := m.openOverlay(oi)
 	if errors.Is(err, os.ErrNotExist) {
 		oi.pending.Store(true)
@@ -57,16 +57,6 @@ func (m *mount) pickOverlay(oi *openImage) error {
 	}
 	oi.cur.Store(img)
 	return nil
-}
-
-// overlayRefusal says why original gets no overlay ("" if it can have
-// one): its snapshots and encrypted images stay read-only (an overlay
-// would hold an encrypted guest's data in the clear).
-func overlayRefusal(orig *qcow2.Image) string {
-	if orig.Header().CryptMethod != 0 {
-		return "it is encrypted, and its overlay would hold the guest's data unencrypted"
-	}
-	return ""
 }
 
 // openOverlay opens oi's existing overlay for writing; an error wrapping
@@ -108,6 +98,8 @@ func (m *mount) openOverlay(oi *openImage) (*qcow2.Image, error) {
 		why = fmt.Sprintf("its virtual size %d is smaller than the original's %d", img.Size(), oi.orig.Size())
 	case !img.Writable():
 		why = "it cannot be written: " + img.ReadOnlyReason()
+	case oi.orig.Header().CryptMethod != 0 && h.CryptMethod == 0:
+		why = "the original is encrypted and the overlay is not"
 	}
 	if why != "" {
 		img.Close()
@@ -189,14 +181,27 @@ func (m *mount) makeOverlay(oi *openImage) (*qcow2.Image, error) {
 	}
 	removeStaleTemps(oi.overlay)
 	h := oi.orig.Header()
-	p, err := qcow2.Prepare(oi.overlay, qcow2.CreateOptions{
+	co := qcow2.CreateOptions{
 		Size:          oi.orig.Size(),
 		ClusterSize:   h.ClusterSize(),
 		Backing:       m.src.backingName(oi.rel),
 		BackingFormat: "qcow2",
 		ExtendedL2:    h.ExtendedL2(),
 		Extensions:    baseRecord(oi),
-	})
+	}
+	if h.CryptMethod != 0 {
+		// The original opened, so its passphrase is known.
+		var pass []byte
+		if m.cfg.Image.Passphrase != nil {
+			pass = m.cfg.Image.Passphrase(oi.path)
+		}
+		defer clear(pass)
+		if pass == nil {
+			return nil, &qcow2.KeyError{File: oi.overlay, Missing: true}
+		}
+		co.Encrypt, _ = oi.orig.Encryption(pass)
+	}
+	p, err := qcow2.Prepare(oi.overlay, co)
 	if err != nil {
 		return nil, err
 	}

@@ -169,6 +169,25 @@ func newCipher(s *spec, key []byte) (*Cipher, error) {
 	return c, nil
 }
 
+// MasterKey returns a copy of the cipher's master key (the caller clears
+// it), for a caller that keeps unlocked keys (qcow2.KeyCache).
+func (c *Cipher) MasterKey() []byte { return append([]byte(nil), c.key...) }
+
+// Cipher makes the sector cipher of the header's volumes from a master
+// key found before (MasterKey of a cipher Unlock returned for the same
+// header), without PBKDF2 and without checking it against the digest. It
+// keeps a copy of key.
+func (h *Header) Cipher(key []byte) (*Cipher, error) {
+	s, err := h.spec()
+	if err != nil {
+		return nil, err
+	}
+	if len(key) != int(h.KeyBytes) {
+		return nil, fmt.Errorf("LUKS: a master key of %d bytes for a header of %d", len(key), h.KeyBytes)
+	}
+	return newCipher(s, append([]byte(nil), key...))
+}
+
 // Close clears the master key. The cipher must not be used after.
 func (c *Cipher) Close() {
 	if c != nil {

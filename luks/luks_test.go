@@ -80,13 +80,14 @@ func TestDecryptsWhatQemuWrote(t *testing.T) {
 			p := filepath.Join(dir, fmt.Sprintf("v%d.luks", i))
 			create := []string{"qemu-img", "create", "-q", "-f", "luks", "--object", "secret,id=s0,file=" + key, "-o", "key-secret=s0," + s.opts(), p, "1M"}
 			// (qemu times PBKDF2 by CPU time, and fails on a busy
-			// machine when it cannot: tried again, up to 10 times.)
+			// machine when it cannot: tried again, up to 50 times, as
+			// test/qemu.Run does.)
 			for try := 1; ; try++ {
 				out, err := exec.Command(create[0], create[1:]...).CombinedOutput()
 				if err == nil {
 					break
 				}
-				if try == 10 || !strings.Contains(string(out), "accurate CPU usage") {
+				if try == 50 || !strings.Contains(string(out), "accurate CPU usage") {
 					t.Fatalf("%v: %v\n%s", create, err, out)
 				}
 			}

@@ -95,8 +95,13 @@ func (w *writer) writeSegment(seg []piece, data []byte, off int64, pin Pin) erro
 			copy(dst, data[q.guest-off:])
 			continue
 		}
-		if _, err := w.img.ReadAt(dst, q.guest); err != nil {
-			return err
+		// (Past the end of the disk, zeros: see plan.)
+		in := max(0, min(q.n, w.l.vsize()-q.guest))
+		clear(dst[in:])
+		if in > 0 {
+			if _, err := w.img.ReadAt(dst[:in], q.guest); err != nil {
+				return err
+			}
 		}
 		cow += q.n
 	}

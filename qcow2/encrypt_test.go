@@ -2,14 +2,18 @@ package qcow2_test
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/qcowfs/qcowfs/luks"
 	"github.com/qcowfs/qcowfs/qcow2"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
@@ -332,5 +336,208 @@ func TestCreateEncryptedOverlay(t *testing.T) {
 	}
 	if sha(t, base.path) != baseSum {
 		t.Error("the base changed")
+	}
+}
+
+// TestEncryptedInfoAndMap: an image opened with its passphrase describes
+// its encryption as qemu-img info does (the encrypt block, "encrypted"),
+// and maps as qemu-img map with the secrets does: no host offset for an
+// encrypted layer's data, which is ciphertext there.
+func TestEncryptedInfoAndMap(t *testing.T) {
+	qemu.Require(t, "qemu-img", "qemu-io")
+	dir := t.TempDir()
+	for _, e := range encryptedMatrix(t, dir) {
+		t.Run(e.name, func(t *testing.T) {
+			img := openEncrypted(t, e, false)
+			defer img.Close()
+			type encInfo struct {
+				Encrypted      bool `json:"encrypted"`
+				FormatSpecific struct {
+					Data struct {
+						Encrypt map[string]any `json:"encrypt"`
+					} `json:"data"`
+				} `json:"format-specific"`
+			}
+			var us, them encInfo
+			b, _ := json.Marshal(img.Info())
+			json.Unmarshal(b, &us)
+			json.Unmarshal(qemu.Img(t, "info", "--output=json", e.path), &them)
+			if !them.Encrypted || !reflect.DeepEqual(us, them) {
+				t.Errorf("Info: %+v\nqemu-img info: %+v", us, them)
+			}
+			var want []qemu.MapEntry
+			if err := json.Unmarshal(qemu.Img(t, append(e.qemuOpts(t, dir, "map"), "--output=json")...), &want); err != nil {
+				t.Fatal(err)
+			}
+			var got []qemu.MapEntry
+			err := img.MapContext(context.Background(), func(m qcow2.MapEntry) error {
+				got = append(got, qemu.MapEntry{Start: m.Start, Length: m.Length, Depth: m.Depth, Present: m.Present, Zero: m.Zero, Data: m.Data, Offset: m.Offset})
+				return nil
+			})
+			if err != nil || !reflect.DeepEqual(got, want) {
+				gj, _ := json.Marshal(got)
+				wj, _ := json.Marshal(want)
+				t.Errorf("map: %v\n%s\nqemu-img map:\n%s", err, gj, wj)
+			}
+		})
+	}
+}
+
+// TestEncryptedUnsupportedBeforeKey: a cipher the library lacks (serpent)
+// is the reason an image does not open, with or without a passphrase,
+// rather than the missing key.
+func TestEncryptedUnsupportedBeforeKey(t *testing.T) {
+	qemu.Require(t, "qemu-img")
+	dir := t.TempDir()
+	key := filepath.Join(dir, "key")
+	os.WriteFile(key, []byte("pass"), 0o600)
+	p := filepath.Join(dir, "serpent.qcow2")
+	qemu.Img(t, "create", "-q", "-f", "qcow2", "--object", "secret,id=s0,file="+key,
+		"-o", "encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10,encrypt.cipher-alg=serpent-256", p, "1M")
+	for _, pass := range []func(string) []byte{nil, func(string) []byte { return []byte("pass") }} {
+		_, err := qcow2.Open(p, qcow2.Options{Passphrase: pass})
+		if !errors.Is(err, qcow2.ErrUnsupported) || !strings.Contains(err.Error(), `"serpent"`) {
+			t.Errorf("with passphrase %v: %v, want serpent named as unsupported", pass != nil, err)
+		}
+	}
+}
+
+// TestEncryptedTailAfterGrow: a write into the last cluster of an
+// encrypted disk whose size is not a multiple of the cluster writes the
+// cluster's bytes past the end as encrypted zeros, as qemu does; so once
+// qemu grows the disk (qemu-img resize, which writes nothing there) they
+// read as zeros in qemu, and so they do after the library's own grow.
+func TestEncryptedTailAfterGrow(t *testing.T) {
+	qemu.Require(t, "qemu-img")
+	dir := t.TempDir()
+	key := filepath.Join(dir, "key")
+	os.WriteFile(key, []byte("pass"), 0o600)
+	const size = 24*65536 + 3*512
+	for _, ext := range []string{"off", "on"} {
+		t.Run("extended_l2="+ext, func(t *testing.T) {
+			p := filepath.Join(dir, "tail-"+ext+".qcow2")
+			qemu.Img(t, "create", "-q", "-f", "qcow2", "--object", "secret,id=s0,file="+key,
+				"-o", "encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10,extended_l2="+ext, p, fmt.Sprint(size))
+			e := encImage{name: "tail-" + ext, path: p, secrets: map[string]string{filepath.Base(p): "pass"}}
+			img := openEncrypted(t, e, true)
+			data := bytes.Repeat([]byte{0x5a}, 1000)
+			if _, err := img.WriteAt(data, size-1000); err != nil {
+				t.Fatal(err)
+			}
+			if err := img.Close(); err != nil {
+				t.Fatal(err)
+			}
+			qemu.Img(t, append(e.qemuOpts(t, dir, "resize"), "2M")...)
+			raw := filepath.Join(dir, e.name+".raw")
+			e.qemuRaw(t, dir, raw)
+			b, _ := os.ReadFile(raw)
+			if !bytes.Equal(b[size-1000:size], data) {
+				t.Fatal("the write does not read back in qemu")
+			}
+			if i := bytes.IndexFunc(b[size:], func(r rune) bool { return r != 0 }); i >= 0 {
+				t.Errorf("after qemu-img resize, qemu reads %#x at %d, past the old end %d", b[size+i], size+i, size)
+			}
+			if out, err := e.qemuCheck(t, dir); err != nil {
+				t.Fatalf("qemu-img check: %v\n%s", err, out)
+			}
+			img = openEncrypted(t, e, true)
+			defer img.Close()
+			if err := img.Resize(3 << 20); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, 3<<20-size)
+			if _, err := img.ReadAt(got, size); err != nil {
+				t.Fatal(err)
+			}
+			if i := bytes.IndexFunc(got, func(r rune) bool { return r != 0 }); i >= 0 {
+				t.Errorf("after Resize, %#x at %d", got[i], size+i)
+			}
+		})
+	}
+}
+
+// TestKeyCache: an image opened again with a KeyCache is not unlocked
+// again (no PBKDF2: the unlocks are counted) and reads what was written; a
+// second image under the same passphrase is unlocked for itself; a wrong
+// passphrase is still refused (and not remembered); after Close the cache
+// remembers nothing and the image is unlocked afresh.
+func TestKeyCache(t *testing.T) {
+	dir := t.TempDir()
+	data := bytes.Repeat([]byte("cached "), 1000)
+	pass := func(string) []byte { return []byte("pass") }
+	var paths []string
+	for _, name := range []string{"a.qcow2", "b.qcow2"} {
+		p := filepath.Join(dir, name)
+		enc := &qcow2.Encryption{Passphrase: []byte("pass"), Params: luks.Params{Iterations: 1000, MKDigestIter: 1000}}
+		if err := qcow2.Create(p, qcow2.CreateOptions{Size: 1 << 20, Encrypt: enc}); err != nil {
+			t.Fatal(err)
+		}
+		w, err := qcow2.OpenWritableFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := qcow2.NewImage(w, qcow2.Options{Writable: true, Passphrase: pass})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := img.WriteAt(data, 4096); err != nil {
+			t.Fatal(err)
+		}
+		if err := img.Close(); err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, p)
+	}
+	kc := qcow2.NewKeyCache()
+	unlocks := qcow2.CountUnlocks(t)
+	open := func(p string, pass func(string) []byte) error {
+		img, err := qcow2.Open(p, qcow2.Options{Passphrase: pass, KeyCache: kc})
+		if err != nil {
+			return err
+		}
+		defer img.Close()
+		got := make([]byte, len(data))
+		if _, err := img.ReadAt(got, 4096); err != nil || !bytes.Equal(got, data) {
+			t.Errorf("%s: read %v, equal %v", filepath.Base(p), err, bytes.Equal(got, data))
+		}
+		return nil
+	}
+	var ke *qcow2.KeyError
+	for _, step := range []struct {
+		what    string
+		path    string
+		pass    func(string) []byte
+		wrong   bool
+		unlocks int64 // the count after the step
+	}{
+		{"first open", paths[0], pass, false, 1},
+		{"opened again", paths[0], pass, false, 1},
+		{"and again", paths[0], pass, false, 1},
+		{"another image, same passphrase", paths[1], pass, false, 2},
+		{"wrong passphrase", paths[0], func(string) []byte { return []byte("wrong") }, true, 3},
+		{"wrong passphrase again", paths[0], func(string) []byte { return []byte("wrong") }, true, 4},
+		{"the right one after the wrong", paths[0], pass, false, 4},
+	} {
+		err := open(step.path, step.pass)
+		switch {
+		case step.wrong && !errors.As(err, &ke):
+			t.Errorf("%s: %v, want a KeyError", step.what, err)
+		case !step.wrong && err != nil:
+			t.Errorf("%s: %v", step.what, err)
+		}
+		if n := unlocks.Load(); n != step.unlocks {
+			t.Errorf("%s: %d unlocks so far, want %d", step.what, n, step.unlocks)
+		}
+	}
+	kc.Close()
+	if err := open(paths[0], pass); err != nil {
+		t.Errorf("after Close: %v", err)
+	}
+	if err := open(paths[0], pass); err != nil {
+		t.Errorf("after Close, again: %v", err)
+	}
+	// A closed cache remembers nothing: both opens unlocked.
+	if n := unlocks.Load(); n != 6 {
+		t.Errorf("after Close: %d unlocks, want 6", n)
 	}
 }

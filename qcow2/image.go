@@ -70,6 +70,11 @@ type Options struct {
 	// Close clears.
 	Passphrase func(file string) []byte
 
+	// KeyCache, if set, remembers the master keys of the LUKS images
+	// unlocked, so that opening one again costs no PBKDF2 (keycache.go).
+	// Share one between the images of a mount.
+	KeyCache *KeyCache
+
 	// Warnf, if set, receives warnings that do not stop the image from
 	// opening (a backing file whose format had to be probed, a dirty
 	// image, ...).

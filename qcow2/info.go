@@ -18,8 +18,8 @@ type Info struct {
 	BackingFilenameFormat string         `json:"backing-filename-format,omitempty"`
 	Snapshots             []SnapshotInfo `json:"snapshots,omitempty"`
 	FormatSpecific        FormatSpecific `json:"format-specific"`
-	// Encrypted is set for an encrypted image, which only
-	// DescribeEncrypted describes (Open refuses it).
+	// Encrypted is set for an encrypted image (opened with its
+	// passphrase, or described without it by DescribeEncrypted).
 	Encrypted bool `json:"encrypted,omitempty"`
 }
 
@@ -74,6 +74,10 @@ func (img *Image) Info() Info {
 	}
 	if h.Version >= 3 {
 		info.FormatSpecific.Data.Bitmaps = img.Bitmaps()
+	}
+	if l.crypt != nil {
+		info.Encrypted = true
+		info.FormatSpecific.Data.Encrypt = l.crypt.info()
 	}
 	return info
 }

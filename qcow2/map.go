@@ -134,7 +134,10 @@ func mapEntry(e *Extent) MapEntry {
 		Data:       e.Status&StatusData != 0,
 		Compressed: e.Status&StatusCompressed != 0,
 	}
-	if e.Offset >= 0 {
+	// qemu gives no offset for an encrypted layer's data (qcow2.c,
+	// qcow2_co_block_status: only without s->crypto), which holds
+	// ciphertext there.
+	if e.Offset >= 0 && (e.layer == nil || e.layer.crypt == nil) {
 		o := e.Offset
 		m.Offset = &o
 		m.File = e.HostFile()

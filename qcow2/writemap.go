@@ -156,8 +156,14 @@ func (w *writer) plan(g, idx int64, e l2Entry, a, b int64) (clusterPlan, error) 
 		}
 	}
 	// Bytes of the last cluster past the end of the disk are never read:
-	// nothing is copied there.
+	// nothing is copied there. Except in an encrypted cluster, where
+	// they are written as encrypted zeros, as qemu writes them: once the
+	// disk grows over them they are guest data, which must read zeros,
+	// not what decrypting bytes never written gives.
 	end := min(cs, l.vsize()-g*cs)
+	if l.crypt != nil {
+		end = cs
+	}
 	if !l.extendedL2 {
 		// The whole cluster becomes guest data: the write, and the
 		// rest as it reads now (zeros for a zero cluster).

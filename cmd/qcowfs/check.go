@@ -34,6 +34,7 @@ checks (a raw file).`
 // complete, 63 for a raw file.
 func (c *checkCmd) Run() error {
 	boundMemory()
+	defer c.closeKeys()
 	// Like qemu-img check, open the backing chain too: an image whose
 	// backing file is missing cannot be checked.
 	o, err := c.open(qcow2.Options{

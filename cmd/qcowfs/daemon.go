@@ -77,12 +77,30 @@ func (c *mountCmd) daemonize(inv *invocation) error {
 	cmd := exec.Command(exe, inv.args[1:]...)
 	cmd.Env = append(os.Environ(), daemonEnv+"=1")
 	cmd.ExtraFiles = []*os.File{w}
+	if c.KeyFile != "" {
+		// The --key-file's bytes, on fd 4 (keyFD), through a pipe
+		// (written meanwhile: the pipe's buffer may be smaller).
+		kr, kw, err := os.Pipe()
+		if err != nil {
+			return err
+		}
+		defer kr.Close()
+		go func() {
+			c.keys.WriteFileKey(kw)
+			kw.Close()
+		}()
+		cmd.Env = append(cmd.Env, keyEnv+"=1")
+		cmd.ExtraFiles = append(cmd.ExtraFiles, kr)
+	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, devnull
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return err
 	}
 	w.Close()
+	if len(cmd.ExtraFiles) > 1 {
+		cmd.ExtraFiles[1].Close()
+	}
 	defer r.Close()
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime/debug"
 
+	"github.com/qcowfs/qcowfs/internal/keys"
 	"github.com/qcowfs/qcowfs/internal/qemuimg"
 	"github.com/qcowfs/qcowfs/qcow2"
 	"github.com/qcowfs/qcowfs/remote"
@@ -23,6 +24,55 @@ type imageFlags struct {
 	// The chain of a remote image is confined as the mount confines it.
 	AllowBackingOutside []string `placeholder:"URL" sep:"none" help:"For a remote image: also follow backing and data files under this URL prefix (repeat the flag for more). By default they must lie in the image's folder."`
 	remoteFlags         `embed:""`
+	// --key-dir names files by their path relative to the image's
+	// folder here.
+	keyFlags `embed:""`
+
+	// keys is loaded by the first open, and shared by the flags'
+	// copies (info --backing-chain opens one image after another, all
+	// with the first one's folder as the root of --key-dir).
+	keys **keys.Ring
+}
+
+// ring loads the key flags once (nil without them).
+func (f *imageFlags) ring() (*keys.Ring, error) {
+	if f.keys == nil {
+		f.keys = new(*keys.Ring)
+	}
+	if *f.keys != nil || f.KeyFile == "" && f.KeyDir == "" {
+		return *f.keys, nil
+	}
+	r, warnings, err := f.loadKeys(false)
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range warnings {
+		fmt.Fprintf(os.Stderr, "qcowfs: warning: %s\n", w)
+	}
+	root, err := keyRoot(f.Image, false)
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	r.AddRoot(root)
+	r.OnWarning(func(format string, args ...any) { fmt.Fprintf(os.Stderr, "qcowfs: warning: "+format+"\n", args...) })
+	*f.keys = r
+	return r, nil
+}
+
+// closeKeys clears the keys, at the end of the command.
+func (f *imageFlags) closeKeys() {
+	if f.keys != nil {
+		(*f.keys).Close()
+	}
+}
+
+// keyHinted adds to a KeyError where its passphrase came from.
+func (f *imageFlags) keyHinted(err error) error {
+	if err == nil || f.keys == nil {
+		return err
+	}
+	return hintWith(err, keyHint(*f.keys, err))
 }
 
 // allowedURLs checks --allow-backing-outside: URL prefixes only (a local
@@ -88,6 +138,16 @@ func (f *imageFlags) format() (string, error) {
 // open opens and locks the image, as qemu-img does: the locks of a
 // read-only reader unless -U.
 func (f *imageFlags) open(opts qcow2.Options) (*openedImage, error) {
+	r, err := f.ring()
+	if err != nil {
+		return nil, err
+	}
+	opts.Passphrase = passphrases(r)
+	o, err := f.openImage(opts)
+	return o, f.keyHinted(err)
+}
+
+func (f *imageFlags) openImage(opts qcow2.Options) (*openedImage, error) {
 	if remote.IsURL(f.Image) {
 		return f.openRemote(opts)
 	}

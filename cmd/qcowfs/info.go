@@ -24,13 +24,18 @@ func (c *infoCmd) Help() string {
   qcowfs info -U vm.qcow2          while a qemu runs it
 
 Like qemu-img info, it does not open the backing chain (unless
---backing-chain), describes encrypted images (which mount refuses) and
-corrupt ones, and describes any other file as a raw image.`
+--backing-chain), describes encrypted images (with their key, or from
+their header without it) and corrupt ones, and describes any other file
+as a raw image.`
 }
 
 func (c *infoCmd) Run() error {
 	boundMemory()
+	defer c.closeKeys()
 	var infos []any
+	if _, err := c.ring(); err != nil {
+		return err
+	}
 	flags := c.imageFlags
 	seen := map[string]bool{}
 	for {
@@ -78,6 +83,13 @@ func describe(f *imageFlags) (info any, next, nextFormat string, err error) {
 	o, err := f.open(qcow2.Options{Cache: qcow2.NewCache(1<<20, 0), AllowCorrupt: true, NoBacking: true})
 	if err != nil {
 		var ue *qcow2.UnsupportedError
+		var ke *qcow2.KeyError
+		if errors.As(err, &ke) && !ke.Missing {
+			// qemu-img info never unlocks the key (it opens without
+			// I/O), so a wrong one does not stop it; this says so,
+			// and describes the image from its header as it does.
+			fmt.Fprintf(os.Stderr, "qcowfs: warning: %v; described without opening it\n", err)
+		}
 		if errors.As(err, &ue) || errors.Is(err, qcow2.ErrKey) {
 			if info, err2 := describeEncrypted(f); err2 == nil {
 				return &info, info.FullBackingFilename, info.BackingFilenameFormat, nil

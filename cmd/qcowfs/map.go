@@ -45,6 +45,7 @@ data at its own offset.`
 // (qemuimg.WriteMap).
 func (c *mapCmd) Run() error {
 	boundMemory()
+	defer c.closeKeys()
 	// qemu opens an image with the corrupt bit read-only, and so maps
 	// it; so does this.
 	o, err := c.open(qcow2.Options{Cache: qcow2.NewCache(qcow2.DefaultCacheSize, qcow2.DefaultClusterCacheSize), AllowCorrupt: true})

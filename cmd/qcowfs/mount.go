@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/qcowfs/qcowfs/internal/keys"
 	"github.com/qcowfs/qcowfs/internal/mountinfo"
 	"github.com/qcowfs/qcowfs/internal/remotefile"
 	"github.com/qcowfs/qcowfs/qcow2"
@@ -47,6 +48,7 @@ type mountCmd struct {
 	FSName            string        `name:"fsname" placeholder:"NAME" help:"What mount, df and findmnt show as the source (default: the source path)."`
 	RemoteRefresh     time.Duration `default:"30s" placeholder:"DURATION" help:"Remote sources: list again when the listing is this old, at the next lookup or listing; objects added or replaced show up then (default: ${default})."`
 	remoteFlags       `embed:""`
+	keyFlags          `embed:""`
 	Options           []string `short:"o" sep:"none" placeholder:"OPT,..." help:"${options_help}"`
 	// Fake is mount(8)'s -f: mount nothing.
 	Fake bool `hidden:"" help:"Mount nothing (mount -f)."`
@@ -54,6 +56,15 @@ type mountCmd struct {
 	RO bool `name:"ro" hidden:"" help:"Read-only, even with --writable (-o ro)."`
 	// NoFail is the nofail option: a missing source is no error.
 	NoFail bool `name:"nofail" hidden:"" help:"A missing source is not an error (fstab nofail)."`
+
+	// keys are the passphrases of --key-file and --key-dir (nil
+	// without either), loaded by Run; daemonizing is set in the
+	// process that starts the daemon, which leaves unlocking to it.
+	keys        *keys.Ring
+	daemonizing bool
+	// keyCache keeps the master keys the mount unlocked (nil without
+	// keys), until the mount ends.
+	keyCache *qcow2.KeyCache
 }
 
 func (c *mountCmd) Help() string {
@@ -97,6 +108,20 @@ func (c *mountCmd) Run(inv *invocation) error {
 	if err := c.resolvePaths(); err != nil {
 		return reportFailure(ready, err)
 	}
+	ring, warnings, err := c.loadKeys(ready != nil)
+	if err != nil {
+		return reportFailure(ready, err)
+	}
+	c.keys = ring
+	defer ring.Close()
+	if !ring.Empty() {
+		c.keyCache = qcow2.NewKeyCache()
+		defer c.keyCache.Close()
+	}
+	for _, w := range warnings {
+		fmt.Fprintf(os.Stderr, "qcowfs: warning: %s\n", w)
+	}
+	c.daemonizing = ready == nil && !c.Foreground
 	// Throwaway overlays of daemons killed before they removed them.
 	removeStaleTempOverlays()
 	// The daemon checks again: things may have changed since the parent
@@ -123,6 +148,9 @@ func (c *mountCmd) Run(inv *invocation) error {
 // working folder, before anything (the daemon) changes folder.
 func (c *mountCmd) resolvePaths() error {
 	if err := c.absPaths(); err != nil {
+		return err
+	}
+	if err := c.absKeyPaths(); err != nil {
 		return err
 	}
 	for _, p := range []*string{&c.Source, &c.Mountpoint, &c.LogFile, &c.CPUProfile, &c.Overlay} {
@@ -188,6 +216,9 @@ func (c *mountCmd) preflight() error {
 		if c.Writable && c.Overlay == "" {
 			return usageErrorf("--writable with a URL needs --overlay DIR (or --overlay=temp): remote images are only read, their writes go to overlays")
 		}
+		if err := c.keyRoots(); err != nil {
+			return err
+		}
 		if err := c.checkRemote(); err != nil {
 			return fmt.Errorf("source: %w", err)
 		}
@@ -195,6 +226,9 @@ func (c *mountCmd) preflight() error {
 		var err error
 		if st, err = os.Stat(c.Source); err != nil {
 			return &errSourceMissing{err}
+		}
+		if err := c.keyRoots(); err != nil {
+			return err
 		}
 		switch {
 		case st.IsDir():
@@ -342,9 +376,12 @@ func (c *mountCmd) checkSingleImage() error {
 	opts := c.imageOptions()
 	opts.Cache = qcow2.NewCache(1<<20, 0)
 	opts.AllowedDirs = append([]string{filepath.Dir(c.Source)}, opts.AllowedDirs...)
-	img, err := qcow2.Open(c.Source, opts)
+	img, err := qcow2.Open(c.Source, c.parentOptions(opts))
+	if c.keyLeftToDaemon(err) {
+		return nil
+	}
 	if err != nil {
-		return withHint(err)
+		return hintWith(err, c.refusalHint(err))
 	}
 	defer img.Close()
 	if !c.ForceShare {
@@ -371,18 +408,56 @@ func (c *mountCmd) checkRemote() error {
 	opts := c.imageOptions()
 	opts.Cache = qcow2.NewCache(1<<20, 0)
 	_, urls := splitAllowed(c.AllowBackingOutside)
-	img, err := openRemoteImage(client, c.Source, opts, urls)
+	img, err := openRemoteImage(client, c.Source, c.parentOptions(opts), urls)
+	if c.keyLeftToDaemon(err) {
+		return nil
+	}
 	if err != nil {
-		return withHint(err)
+		return hintWith(err, c.refusalHint(err))
 	}
 	return img.Close()
+}
+
+// keyRoots gives the key ring the folders whose files --key-dir names:
+// the source's, and the overlay folder, whose overlays have the
+// passphrases of their originals.
+func (c *mountCmd) keyRoots() error {
+	if c.keys.Empty() {
+		return nil
+	}
+	root, err := keyRoot(c.Source, true)
+	if err != nil {
+		return fmt.Errorf("source: %w", err)
+	}
+	c.keys.AddRoot(root)
+	if c.Overlay != "" && c.Overlay != tempOverlay { // (serve adds a throwaway folder)
+		c.keys.AddRoot(c.Overlay)
+	}
+	return nil
+}
+
+// parentOptions are opts for the checks of the process that starts the
+// daemon: without keys, since the daemon unlocks the image anyway (and
+// PBKDF2 as qemu calibrates it takes seconds).
+func (c *mountCmd) parentOptions(opts qcow2.Options) qcow2.Options {
+	if c.daemonizing {
+		opts.Passphrase = nil
+	}
+	return opts
+}
+
+// keyLeftToDaemon reports whether the parent's check of a single image
+// stopped only for want of the key it did not give (parentOptions).
+func (c *mountCmd) keyLeftToDaemon(err error) bool {
+	var ke *qcow2.KeyError
+	return c.daemonizing && !c.keys.Empty() && errors.As(err, &ke) && ke.Missing
 }
 
 // imageOptions are the qcow2 options every image of the mount is opened
 // with (the cache aside).
 func (c *mountCmd) imageOptions() qcow2.Options {
 	dirs, _ := splitAllowed(c.AllowBackingOutside)
-	return qcow2.Options{AllowCorrupt: c.AllowCorrupt, AllowedDirs: dirs}
+	return qcow2.Options{AllowCorrupt: c.AllowCorrupt, AllowedDirs: dirs, Passphrase: passphrases(c.keys), KeyCache: c.keyCache}
 }
 
 func hasUserAllowOther(conf []byte) bool {

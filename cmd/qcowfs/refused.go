@@ -105,6 +105,9 @@ func (c *mountCmd) refusalHint(err error) string {
 	if c.Writable && errors.Is(err, qcow2.ErrLocked) {
 		return ""
 	}
+	if h := keyHint(c.keys, err); h != "" {
+		return h
+	}
 	return refusalHint(err)
 }
 

@@ -108,6 +108,9 @@ func (s *session) setupLog() error {
 // node.
 func (s *session) newRoot() error {
 	c := s.cmd
+	if c.keys != nil {
+		c.keys.OnWarning(func(format string, args ...any) { s.log.Warn(fmt.Sprintf(format, args...)) })
+	}
 	cfg := fs.Config{
 		Source:        c.Source,
 		Image:         c.imageOptions(),
@@ -136,6 +139,9 @@ func (s *session) newRoot() error {
 			}
 		})
 		cfg.Overlay, s.tempOverlays = dir, dir
+		if !c.keys.Empty() {
+			c.keys.AddRoot(dir) // overlays have their originals' passphrases
+		}
 	}
 	if remote.IsURL(c.Source) {
 		c.hydrateRate = int64(c.Hydrate.Rate)

@@ -35,6 +35,7 @@ type contestant struct {
 	// t.file; nil for a contestant that only runs commands.
 	mount  func(e *env, t *target, c *contestant) error
 	format string // of the fresh images it writes: "raw" for the raw file, else qcow2
+	clear  bool   // in an encrypted workload, the same data unencrypted
 	how    string // for the report
 }
 
@@ -63,6 +64,10 @@ func contestants(bin string) []*contestant {
 				"read-only=on on both nodes for reads, discard=unmap for writes; SIGTERM after the run"},
 		{id: "qemu-tuned", label: "qemu export, tuned", role: peer, mount: mountQemu(tunedMalloc),
 			how: "the same with `" + tunedMalloc + "`: no mmap and munmap per request buffer"},
+		{id: "qcowfs-clear", label: "qcowfs, unencrypted", role: ref, bin: bin, mount: mountQcowfs, clear: true,
+			how: "in an encrypted workload, qcowfs on the same data unencrypted: the cost of encryption"},
+		{id: "qemu-clear", label: "qemu export, unencrypted", role: ref, mount: mountQemu(""), clear: true,
+			how: "the same for qemu's export"},
 		{id: "qcowmount", label: "qcowmount", role: peer, mount: mountQcowmount,
 			how: "libqcow's `qcowmount IMG MNT`, the file MNT/qcow1; `fusermount3 -u` after the run"},
 		{id: "convert", label: "qemu-img convert", role: baseline, how: "`qemu-img convert -f qcow2 -O raw IMG|URL OUT`"},
@@ -100,6 +105,9 @@ func mountQcowfs(e *env, t *target, c *contestant) error {
 	}
 	if t.s3 != "" {
 		flags += " --s3-endpoint " + t.s3
+	}
+	if t.key != "" {
+		flags += ` --key-file "$KEY"`
 	}
 	t.mnt = filepath.Join(t.dir, "mnt")
 	if err := os.Mkdir(t.mnt, 0o755); err != nil {
@@ -174,7 +182,8 @@ func (e *env) stopped(t *target, what string, sig syscall.Signal) error {
 }
 
 // mountQemu exports the image with qemu-storage-daemon, over a file or,
-// for a URL, over qemu's curl driver, with the malloc tuning if set.
+// for a URL, over qemu's curl driver, with the malloc tuning if set, with
+// its secret if the image is encrypted.
 func mountQemu(malloc string) func(e *env, t *target, c *contestant) error {
 	return func(e *env, t *target, c *contestant) error {
 		t.mnt = filepath.Join(t.dir, "mnt.raw") // qemu's FUSE export mounts on a file
@@ -191,9 +200,14 @@ func mountQemu(malloc string) func(e *env, t *target, c *contestant) error {
 		if t.writable {
 			opts, export = ",discard=unmap", ",writable=on" // fstrim gives space back
 		}
-		cmd := exec.Command("qemu-storage-daemon", "--blockdev", node+opts,
-			"--blockdev", "driver=qcow2,node-name=fmt0,file=file0"+opts,
-			"--export", "type=fuse,id=exp0,node-name=fmt0,mountpoint="+t.mnt+export)
+		var secret []string
+		fmtOpts := opts
+		if t.key != "" {
+			secret, fmtOpts = []string{"--object", "secret,id=s0,file=" + t.key}, opts+",encrypt.format=luks,encrypt.key-secret=s0"
+		}
+		cmd := exec.Command("qemu-storage-daemon", append(secret, "--blockdev", node+opts,
+			"--blockdev", "driver=qcow2,node-name=fmt0,file=file0"+fmtOpts,
+			"--export", "type=fuse,id=exp0,node-name=fmt0,mountpoint="+t.mnt+export)...)
 		cmd.Env = append(os.Environ(), malloc)
 		log, err := os.Create(filepath.Join(t.dir, "daemon.log"))
 		if err != nil {

@@ -43,6 +43,8 @@ var images = []*image{
 		make: `qemu-img convert -q -W -m 4 -c -f raw -O qcow2 "$RAW" "$DST"`},
 	{name: "zstd", twin: "plain", title: "the plain image compressed with zstd",
 		make: `qemu-img convert -q -W -m 4 -c -o compression_type=zstd -f raw -O qcow2 "$RAW" "$DST"`},
+	{name: "enc", twin: "plain", title: "the plain image encrypted: LUKS, AES-256-XTS plain64, qemu's default PBKDF2 cost",
+		make: `luks qemu-img convert -q -S 0 --object secret,id=s0,file="$KEY" -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.cipher-alg=aes-256,encrypt.cipher-mode=xts -f raw -O qcow2 "$RAW" "$DST"`},
 	{name: "rawfile", twin: "plain", title: "the plain image's raw twin as a plain file (plain.img, a hard link) beside an empty qcow2 image",
 		make: `qemu-img create -q -f qcow2 "$DST" 1M && ln -f "$RAW" "${DST%/*}/plain.img"`},
 	{name: "sparse1t", title: "1 TiB, 256 MiB of data in 1 MiB pieces, one every 4 GiB",
@@ -103,7 +105,7 @@ func (e *env) build(name string) error {
 			return err
 		}
 	}
-	if err := e.atomically(dst, im.make, "DST", "RAW="+raw); err != nil {
+	if err := e.atomically(dst, im.make, "DST", "RAW="+raw, "KEY="+e.key()); err != nil {
 		return err
 	}
 	if !exists(raw) {
@@ -129,6 +131,16 @@ func (e *env) atomically(dst, script, name string, vars ...string) error {
 		return fmt.Errorf("building %s: %w", dst, x.err)
 	}
 	return os.Rename(tmp, dst)
+}
+
+// key is the passphrase file of the encrypted images (made once, 0600):
+// qemu reads it as a secret's file=, qcowfs as --key-file.
+func (e *env) key() string {
+	p := filepath.Join(e.cfg.work, "secret.key")
+	if !exists(p) {
+		os.WriteFile(p, []byte("qcowfs bench passphrase"), 0o600)
+	}
+	return p
 }
 
 func exists(p string) bool {

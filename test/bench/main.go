@@ -24,8 +24,9 @@
 //
 //   - another build of qcowfs: --ref REV;
 //   - qcowfs with other options: a row with flags, as qcowfs-nowb;
-//   - encrypted images: an image recipe with -o encrypt.format=luks, and a
-//     qemu row whose mount adds --object secret and encrypt.key-secret;
+//   - encrypted images: workloads.go's encrypted rows, the "enc" image,
+//     $KEY given to both mounts (--key-file; --object secret and
+//     encrypt.key-secret), the clear contestants on the same data unencrypted;
 //   - remote overlays: a workload with remote and fresh, its contestants'
 //     mounts given --overlay.
 package main
@@ -104,7 +105,7 @@ func suite(cfg config) []*workload {
 		return slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(id, p) })
 	}
 	var ws []*workload
-	for _, w := range slices.Concat(readWorkloads(), writeWorkloads(), remoteWorkloads()) {
+	for _, w := range slices.Concat(readWorkloads(), writeWorkloads(), encryptedWorkloads(), remoteWorkloads()) {
 		if cfg.quick && w.quick != nil {
 			w.who = w.quick
 		}

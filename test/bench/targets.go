@@ -17,6 +17,7 @@ type target struct {
 	url      string // remote: what a mount reads (http:// or s3://)
 	local    string // remote: the image's local file
 	s3       string // remote over S3: the endpoint
+	key      string // an encrypted image's passphrase file
 	writable bool
 	size     int64 // the image's virtual size
 	fileSize int64 // its file's size
@@ -43,6 +44,7 @@ func (t *target) down(f func() error) { t.downs = append(t.downs, f) }
 //	FMT   IMG's format; RAW the image's raw twin; SIZE its virtual size
 //	OUT   a file for the command's output; RUN the run's folder
 //	BIN   the contestant's program; FIOTIME fio's run time
+//	KEY   the passphrase file of an encrypted image, else empty
 func (e *env) setup(w *workload, c *contestant) (*target, error) {
 	dir, err := e.scratch(w.id + "-" + strings.ReplaceAll(c.id, "@", "-"))
 	if err != nil {
@@ -55,8 +57,15 @@ func (e *env) setup(w *workload, c *contestant) (*target, error) {
 			return t, err
 		}
 	}
-	if w.image != "" {
-		t.img = filepath.Join(root, "img", w.image, w.image+".qcow2")
+	img := w.image
+	switch {
+	case w.encrypted && c.clear && img != "":
+		img = twinOf(img) // the same data unencrypted
+	case w.encrypted && !c.clear:
+		t.key = e.key()
+	}
+	if img != "" {
+		t.img = filepath.Join(root, "img", img, img+".qcow2")
 		t.raw = filepath.Join(root, "raw", twinOf(w.image)+".raw")
 		t.size, t.fileSize = fileSize(t.raw), fileSize(t.img)
 	}
@@ -70,9 +79,12 @@ func (e *env) setup(w *workload, c *contestant) (*target, error) {
 		if w.prealloc {
 			opts = "-o preallocation=full"
 		}
+		if t.key != "" {
+			opts = `--object secret,id=s0,file="$KEY" -o encrypt.format=luks,encrypt.key-secret=s0`
+		}
 		// sync: the last run's writeback is not this run's.
-		script := `mkdir -p "$(dirname "$IMG")"; qemu-img create -q -f "$FMT" ` + opts + ` "$IMG" "$SIZE"; sync`
-		if _, err := e.sh(script, "IMG="+t.img, "FMT="+format, fmt.Sprintf("SIZE=%d", w.fresh)); err != nil {
+		script := `mkdir -p "$(dirname "$IMG")"; luks qemu-img create -q -f "$FMT" ` + opts + ` "$IMG" "$SIZE"; sync`
+		if _, err := e.sh(script, "IMG="+t.img, "FMT="+format, "KEY="+t.key, fmt.Sprintf("SIZE=%d", w.fresh)); err != nil {
 			return t, err
 		}
 		if w.image == "" {
@@ -92,7 +104,7 @@ func (e *env) setup(w *workload, c *contestant) (*target, error) {
 		out = filepath.Join(out, "out-"+filepath.Base(dir))
 		t.files = append(t.files, out)
 	}
-	t.vars = append(t.vars, "IMG="+t.img, "FMT="+format, "RAW="+t.raw, "OUT="+out, "RUN="+dir,
+	t.vars = append(t.vars, "IMG="+t.img, "FMT="+format, "KEY="+t.key, "RAW="+t.raw, "OUT="+out, "RUN="+dir,
 		"BIN="+c.bin, fmt.Sprintf("SIZE=%d", t.size), fmt.Sprintf("FIOTIME=%.0fs", e.cfg.fioTime.Seconds()),
 		"TREE="+filepath.Join(e.cfg.work, "src", "tree.tar"))
 	if c.mount != nil && strings.Contains(w.before+w.command(c)+w.after, "$FILE") {

@@ -16,8 +16,11 @@ type workload struct {
 	image     string // the cached image read (images.go); for writes, the source data
 	fresh     int64  // or: the size of a new image, made for every run, that the command writes
 	prealloc  bool   // ... fully allocated (preallocation=full)
-	tmpfs     bool   // the image and OUT on a tmpfs
-	outDisk   bool   // OUT on the work folder's disk, not on the tmpfs
+	// encrypted: the image is (the fresh images are made) LUKS-encrypted;
+	// clear contestants get the same data unencrypted.
+	encrypted bool
+	tmpfs     bool // the image and OUT on a tmpfs
+	outDisk   bool // OUT on the work folder's disk, not on the tmpfs
 	// remote ("http" or "s3"): the image read over the network, through
 	// test/servers' proxy, which adds rtt to every request.
 	remote string
@@ -224,6 +227,26 @@ func readWorkloads() []*workload {
 	}
 	for _, w := range ws {
 		w.group = "Reads"
+	}
+	return ws
+}
+
+// encryptedWorkloads read and write LUKS AES-256-XTS images (issue 35):
+// qcowfs and qemu's export with the key, beside both on the same data
+// unencrypted, in the same rounds, for the cost of encryption.
+func encryptedWorkloads() []*workload {
+	who := []string{"qcowfs", "qemu", "qcowfs-clear", "qemu-clear"}
+	ws := []*workload{
+		{id: "enc-dd", title: "dd bs=1M of the 2 GiB encrypted image, cold", image: "enc", who: who, cold: true, cmd: dd,
+			metrics: []metric{rate("MB/s", "", 0), cpuPerGiB}},
+		{id: "enc-fio-read", title: "fio 4 KiB random reads, 4 jobs, O_DIRECT, the encrypted image (its file in the page cache)", image: "enc", who: who,
+			before: `cat "$IMG" > /dev/null`, cmd: fioRead, parse: parseFio, metrics: []metric{iops, cpuPerIO}},
+		{id: "enc-fio-write", title: "fio 4 KiB random writes, 4 jobs, O_DIRECT, into an empty encrypted 8 GiB image", fresh: 8 << 30, who: who,
+			cmd: randWrite("2g") + timed + fioState, parse: parseFio, verify: checked(fioReplay(randWrite("2g"))),
+			metrics: []metric{iops, p99, cpuPerIO}},
+	}
+	for _, w := range ws {
+		w.group, w.encrypted = "Encrypted", true
 	}
 	return ws
 }

@@ -38,8 +38,11 @@ const (
 	// wchar prints what this shell's reaped children passed to write
 	// system calls: the host bytes of a contestant without a daemon.
 	wchar = `; echo "@wchar-cmd $(awk '/^wchar/ {print $2}' /proc/$$/io)"`
+	// qemuImg sets I to qemu-img's arguments naming the image: with its
+	// secret if it is encrypted.
+	qemuImg = `I=("$IMG"); [ -z "$KEY" ] || I=(--object "secret,id=s0,file=$KEY" --image-opts "driver=qcow2,file.filename=$IMG,encrypt.key-secret=s0"); `
 	// asRaw makes $F what qemu reads from the closed image, on the tmpfs.
-	asRaw = `F="$IMG"; if [ "$FMT" != raw ]; then F="$OUT"; qemu-img convert -O raw "$IMG" "$F"; fi; `
+	asRaw = qemuImg + `F="$IMG"; if [ "$FMT" != raw ]; then F="$OUT"; qemu-img convert -O raw "${I[@]}" "$F"; fi; `
 )
 
 // hostBytes is what the daemon (or the command, without one) wrote per
@@ -88,7 +91,7 @@ func writeWorkloads() []*workload {
 func checked(data func(e *env, t *target, o *outcome) error) func(e *env, t *target, o *outcome, round int) error {
 	return func(e *env, t *target, o *outcome, round int) error {
 		if !strings.HasSuffix(t.img, ".raw") {
-			if _, err := e.sh(`qemu-img check -q "$IMG"`, t.vars...); err != nil {
+			if _, err := e.sh(qemuImg+`qemu-img check -q "${I[@]}"`, t.vars...); err != nil {
 				return fmt.Errorf("qemu-img check: %w", err)
 			}
 		}

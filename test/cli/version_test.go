@@ -120,8 +120,13 @@ func TestHelp(t *testing.T) {
 	// as flags and as -o options: with all of them, the error is about
 	// the missing source, not a flag.
 	nosuch := filepath.Join(t.TempDir(), "nosuch")
+	key := filepath.Join(t.TempDir(), "key") // --key-file's FILE: read before the source is looked at
+	if err := os.WriteFile(key, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	value := map[string]string{"SIZE": "16M", "PATH": filepath.Join(t.TempDir(), "f"), "DIR": t.TempDir(), "NAME": "x",
-		"splice": "copy", "info": "warn", "URL": "http://127.0.0.1:9", "REGION": "us-east-1", "N": "4", "DURATION": "5s", "RATE": "50M"}
+		"splice": "copy", "info": "warn", "URL": "http://127.0.0.1:9", "REGION": "us-east-1", "N": "4", "DURATION": "5s", "RATE": "50M",
+		"FILE": key}
 	args := []string{"mount"}
 	var opts []string
 	for f, ph := range flags {

@@ -97,6 +97,12 @@ func hostHole(t testing.TB, file string, off, n int64) bool {
 // even though it reads as zeros.
 func CheckHoles(t testing.TB, image string, data [][2]int64) {
 	t.Helper()
+	checkHoles(t, image, data, Map(t, image), ToRaw(t, image, filepath.Join(t.TempDir(), "holes-check.raw")))
+}
+
+// checkHoles is CheckHoles given qemu's map of image and its raw form.
+func checkHoles(t testing.TB, image string, data [][2]int64, qmap []MapEntry, raw string) {
+	t.Helper()
 	files := chainFiles(t, image)
 	// inData tells, for [a, b), how much of it from a is covered by data
 	// runs (k > 0) or by a hole (k < 0).
@@ -111,7 +117,7 @@ func CheckHoles(t testing.TB, image string, data [][2]int64) {
 		}
 		return -(next - a)
 	}
-	for _, e := range Map(t, image) {
+	for _, e := range qmap {
 		for a, end := e.Start, e.Start+e.Length; a < end; {
 			k := inData(a, end)
 			n := k
@@ -132,7 +138,6 @@ func CheckHoles(t testing.TB, image string, data [][2]int64) {
 		}
 	}
 	// Holes read as zeros.
-	raw := ToRaw(t, image, filepath.Join(t.TempDir(), "holes-check.raw"))
 	f, err := os.Open(raw)
 	if err != nil {
 		t.Fatal(err)
