@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
 // The oracle is qemu's own LUKS driver: qemu-img create -f luks makes a
@@ -18,16 +20,7 @@ import (
 // header and decrypt the payload to the pattern; the other way round,
 // qemu-io must read what this package created and encrypted.
 
-func need(t *testing.T) {
-	for _, tool := range []string{"qemu-img", "qemu-io"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s not installed", tool)
-			}
-			t.Skipf("%s not installed", tool)
-		}
-	}
-}
+func need(t *testing.T) { qemu.Require(t, "qemu-img", "qemu-io") }
 
 func run(t *testing.T, args ...string) string {
 	t.Helper()
@@ -79,9 +72,9 @@ func TestDecryptsWhatQemuWrote(t *testing.T) {
 		t.Run(strings.ReplaceAll(s.opts(), ",", " "), func(t *testing.T) {
 			p := filepath.Join(dir, fmt.Sprintf("v%d.luks", i))
 			create := []string{"qemu-img", "create", "-q", "-f", "luks", "--object", "secret,id=s0,file=" + key, "-o", "key-secret=s0," + s.opts(), p, "1M"}
-			// (qemu times PBKDF2 by CPU time, and fails on a busy
-			// machine when it cannot: tried again, up to 50 times, as
-			// test/qemu.Run does.)
+			// (qemu times PBKDF2 by CPU time, and fails when it
+			// cannot: see test/qemu's cpuclock.go; tried again, up to
+			// 50 times, as test/qemu.Run does.)
 			for try := 1; ; try++ {
 				out, err := exec.Command(create[0], create[1:]...).CombinedOutput()
 				if err == nil {

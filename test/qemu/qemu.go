@@ -19,6 +19,9 @@ import (
 // skips it (elsewhere) when a tool is missing from PATH.
 func Require(t testing.TB, tools ...string) {
 	t.Helper()
+	if err := preloadCPUClock(); err != nil && os.Getenv("CI") == "true" {
+		t.Fatal(err)
+	}
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
 			if os.Getenv("CI") == "true" {
@@ -31,14 +34,14 @@ func Require(t testing.TB, tools ...string) {
 
 // Run runs a command and fails the test if it fails; it returns stdout.
 //
-// qemu-img times PBKDF2 on the thread's CPU clock to choose the iteration
-// count of an encrypted image and gives up ("Unable to get accurate CPU
-// usage") when the first timing reads 0 ms, which happens on fast or busy
-// machines (a fifth of the creations on this 2-core VM at a load of 2;
-// ten in a row under the load of a full test run): that failure, and only
-// that one, is retried, up to 50 times.
+// qemu-img's "Unable to get accurate CPU usage" (cpuclock.go), and only
+// that failure, is retried, up to 50 times: where the getrusage shim
+// could not be built, the retries stand in for it.
 func Run(t testing.TB, name string, args ...string) []byte {
 	t.Helper()
+	if err := preloadCPUClock(); err != nil && os.Getenv("CI") == "true" {
+		t.Fatal(err)
+	}
 	for try := 1; ; try++ {
 		var stdout, stderr bytes.Buffer
 		cmd := exec.Command(name, args...)
@@ -50,6 +53,7 @@ func Run(t testing.TB, name string, args ...string) []byte {
 		if try == 50 || !strings.Contains(stderr.String(), "Unable to get accurate CPU usage") {
 			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, stderr.String())
 		}
+		t.Logf("%s: %s (try %d)", name, strings.TrimSpace(stderr.String()), try)
 	}
 }
 
