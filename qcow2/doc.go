@@ -57,8 +57,12 @@
 //   - lock.go: qemu's OFD image locks, their probing without locks, locks
 //     on raw files.
 //   - info.go, map.go: what `qcowfs info` and `qcowfs map` print.
-//   - crypt.go: describing encrypted images (AES, the LUKS header), which
-//     are not read.
+//   - crypt.go: describing encrypted images (legacy AES, the LUKS header).
+//   - encrypt.go: encrypted images read and written: unlocking a layer's
+//     LUKS header with Options.Passphrase, decryption in reads, encryption
+//     at the writer's data door (read-modify-write of partial sectors).
+//   - keycache.go: the master keys a mount unlocked (KeyCache), so that an
+//     image opened again costs no PBKDF2.
 //   - create.go: new images (Create; Prepare and Publish, its two halves),
 //     laid out as qemu-img create lays them out.
 //
