@@ -99,6 +99,9 @@ type Image struct {
 	// bit i for byte 100+i, bit 8+i for byte 200+i.
 	locked atomic.Uint32
 
+	closeOnce sync.Once
+	closeErr  error // Close's result, for every later call
+
 	indexOnce sync.Once
 	// idx is made once, on first use (index), and read without that
 	// once by writes that invalidate it (invalidate): atomic.
@@ -216,8 +219,16 @@ func (img *Image) Name() string { return img.top.name }
 func (img *Image) File() HostFile { return img.top.file }
 
 // Close writes back what a writable image has pending (leaving it clean),
-// then closes every file of the chain and drops its cached tables.
+// then closes every file of the chain and drops its cached tables. Only
+// the first call does: a later one, or one made meanwhile (an unmount
+// closing what a last user is closing), waits for it and returns its
+// result.
 func (img *Image) Close() error {
+	img.closeOnce.Do(func() { img.closeErr = img.close() })
+	return img.closeErr
+}
+
+func (img *Image) close() error {
 	var first error
 	if img.w != nil {
 		first = img.w.close()
