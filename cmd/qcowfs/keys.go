@@ -73,19 +73,7 @@ func (k *keyFlags) loadKeys(daemon bool) (*keys.Ring, []string, error) {
 
 // absKeyPaths makes the key flags absolute (before the daemon leaves the
 // working folder).
-func (k *keyFlags) absKeyPaths() error {
-	for _, p := range []*string{&k.KeyFile, &k.KeyDir} {
-		if *p == "" {
-			continue
-		}
-		abs, err := filepath.Abs(*p)
-		if err != nil {
-			return err
-		}
-		*p = abs
-	}
-	return nil
-}
+func (k *keyFlags) absKeyPaths() error { return makeAbs(&k.KeyFile, &k.KeyDir) }
 
 // protectKeys keeps the process's memory, which holds keys now, out of
 // core files and away from other processes of the same user: no core

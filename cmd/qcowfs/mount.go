@@ -153,15 +153,15 @@ func (c *mountCmd) resolvePaths() error {
 	if err := c.absKeyPaths(); err != nil {
 		return err
 	}
-	for _, p := range []*string{&c.Source, &c.Mountpoint, &c.LogFile, &c.CPUProfile, &c.Overlay} {
-		if *p == "" || remote.IsURL(*p) || (p == &c.Overlay && *p == tempOverlay) {
-			continue
-		}
-		abs, err := filepath.Abs(*p)
-		if err != nil {
-			return err
-		}
-		*p = abs
+	paths := []*string{&c.Mountpoint, &c.LogFile, &c.CPUProfile}
+	if !remote.IsURL(c.Source) {
+		paths = append(paths, &c.Source)
+	}
+	if c.Overlay != tempOverlay && !remote.IsURL(c.Overlay) {
+		paths = append(paths, &c.Overlay)
+	}
+	if err := makeAbs(paths...); err != nil {
+		return err
 	}
 	for i, d := range c.AllowBackingOutside {
 		if remote.IsURL(d) {

@@ -34,8 +34,12 @@ type remoteFlags struct {
 }
 
 // absPaths makes the path flags absolute.
-func (r *remoteFlags) absPaths() error {
-	for _, p := range []*string{&r.CacheDir, &r.CAFile} {
+func (r *remoteFlags) absPaths() error { return makeAbs(&r.CacheDir, &r.CAFile) }
+
+// makeAbs makes each path given absolute against the working folder; an
+// empty one stays empty.
+func makeAbs(paths ...*string) error {
+	for _, p := range paths {
 		if *p == "" {
 			continue
 		}
