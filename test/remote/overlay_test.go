@@ -172,14 +172,7 @@ func TestRemoteOverlayHTTP(t *testing.T) {
 		t.Fatalf("nginx's ETag did not change: %s", oldETag)
 	}
 	m = mountRemote(t, harness.Daemon{}, url, "--writable", "--overlay", ov)
-	out := strings.TrimSpace(m.Said)
-	t.Logf("the mount over a replaced base says: %s", out)
-	if strings.Count(out, "\n") != 0 || !strings.Contains(out, url) || !strings.Contains(out, oldETag) || !strings.Contains(out, newETag) || !strings.Contains(out, "--accept-changed-base") {
-		t.Errorf("mount over a replaced base says %q; want one line naming %s, both versions (%s, %s) and --accept-changed-base", out, url, oldETag, newETag)
-	}
-	if _, err := os.Stat(filepath.Join(m.Dir, "vm.raw")); !os.IsNotExist(err) {
-		t.Errorf("vm.raw shown over a replaced base (%v)", err)
-	}
+	refusedOverBase(t, m, url, oldETag, newETag, "vm.raw")
 	m.Unmount(t)
 	// Accepted, the overlay reads as the new base written the same way.
 	m = mountRemote(t, harness.Daemon{}, url, "--writable", "--overlay", ov, "--accept-changed-base")
@@ -325,14 +318,7 @@ func TestRemoteOverlayS3(t *testing.T) {
 	}
 	newETag, _ := srv.Put(t, "vms", "fleet/deep/vm.qcow2", b)
 	m = mountRemote(t, harness.Daemon{Env: env}, "s3://vms/fleet/", "--s3-endpoint", srv.Endpoint, "--writable", "--overlay", ov)
-	out = strings.TrimSpace(m.Said)
-	t.Logf("the mount over a replaced object says: %s", out)
-	if strings.Count(out, "\n") != 0 || !strings.Contains(out, "s3://vms/fleet/deep/vm.qcow2") || !strings.Contains(out, oldETag) || !strings.Contains(out, newETag) || !strings.Contains(out, "--accept-changed-base") {
-		t.Errorf("mount over a replaced object says %q; want one line naming the image, %s, %s and --accept-changed-base", out, oldETag, newETag)
-	}
-	if _, err := os.Stat(filepath.Join(m.Dir, "deep", "vm.raw")); !os.IsNotExist(err) {
-		t.Errorf("deep/vm.raw shown over a replaced base (%v)", err)
-	}
+	refusedOverBase(t, m, "s3://vms/fleet/deep/vm.qcow2", oldETag, newETag, "deep/vm.raw")
 	if _, err := os.Stat(filepath.Join(m.Dir, "other.raw")); err != nil {
 		t.Errorf("other.raw beside a refused overlay: %v", err)
 	}
@@ -442,14 +428,7 @@ func TestRemoteOverlayChain(t *testing.T) {
 	os.Chtimes(base, later, later)
 	newETag := etagOf(t, baseURL)
 	m = mountRemote(t, harness.Daemon{}, url, "--writable", "--overlay", ov, allow)
-	out := strings.TrimSpace(m.Said)
-	t.Logf("the mount over a replaced bottom of the chain says: %s", out)
-	if strings.Count(out, "\n") != 0 || !strings.Contains(out, baseURL) || !strings.Contains(out, oldETag) || !strings.Contains(out, newETag) || !strings.Contains(out, "--accept-changed-base") {
-		t.Errorf("mount over a replaced base of the chain says %q; want one line naming %s, both versions (%s, %s) and --accept-changed-base", out, baseURL, oldETag, newETag)
-	}
-	if _, err := os.Stat(filepath.Join(m.Dir, "top.raw")); !os.IsNotExist(err) {
-		t.Errorf("top.raw shown over a replaced base (%v)", err)
-	}
+	refusedOverBase(t, m, baseURL, oldETag, newETag, "top.raw")
 	m.Unmount(t)
 	m = mountRemote(t, harness.Daemon{}, url, "--writable", "--overlay", ov, allow, "--accept-changed-base")
 	accepted := localCopy(t, top, filepath.Join(work, "accepted.qcow2"), overlayWrites)
@@ -551,15 +530,23 @@ func TestRemoteOverlayS3Version(t *testing.T) {
 		t.Fatalf("the same bytes stored again: ETag %s then %s, version %s then %s; want the same ETag, another version", etag, etag2, v1, v2)
 	}
 	m = mount()
-	out := strings.TrimSpace(m.Said)
-	t.Logf("the mount over a new version says: %s", out)
-	if strings.Count(out, "\n") != 0 || !strings.Contains(out, src) || !strings.Contains(out, v1) || !strings.Contains(out, v2) || !strings.Contains(out, "--accept-changed-base") {
-		t.Errorf("mount over a new version of the object says %q; want one line naming %s, versions %s and %s, and --accept-changed-base", out, src, v1, v2)
-	}
-	if _, err := os.Stat(filepath.Join(m.Dir, "vm.raw")); !os.IsNotExist(err) {
-		t.Errorf("vm.raw shown over another version of its base (%v)", err)
-	}
+	refusedOverBase(t, m, src, v1, v2, "vm.raw")
 	m.Unmount(t)
 	m = mount("--accept-changed-base")
 	harness.SameFile(t, filepath.Join(m.Dir, "vm.raw"), want)
+}
+
+// refusedOverBase checks a mount whose overlay's base changed: it said one
+// line naming the base (name), both versions and --accept-changed-base,
+// and does not show the image's file raw (relative to the mount).
+func refusedOverBase(t *testing.T, m *harness.Mounted, name, oldV, newV, raw string) {
+	t.Helper()
+	out := strings.TrimSpace(m.Said)
+	t.Logf("the mount over a changed base says: %s", out)
+	if strings.Count(out, "\n") != 0 || !strings.Contains(out, name) || !strings.Contains(out, oldV) || !strings.Contains(out, newV) || !strings.Contains(out, "--accept-changed-base") {
+		t.Errorf("mount over a changed base says %q; want one line naming %s, both versions (%s, %s) and --accept-changed-base", out, name, oldV, newV)
+	}
+	if _, err := os.Stat(filepath.Join(m.Dir, raw)); !os.IsNotExist(err) {
+		t.Errorf("%s shown over a changed base (%v)", raw, err)
+	}
 }
