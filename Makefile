@@ -10,7 +10,7 @@ MAN     := bin/qcowfs.1
 # Packages the tests and the demo need (Debian names); nginx serves the
 # remote images of the tests, and qemu-block-extra (qemu's curl driver) is
 # their oracle for the block status of a URL.
-TEST_PKGS := fuse3 qemu-utils qemu-block-extra fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc groff-base systemd nginx time fio
+TEST_PKGS := fuse3 qemu-utils qemu-block-extra fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc groff-base systemd nginx time fio curl
 # Go programs the tests need (scripts/go-tools.sh pins their versions:
 # versitygw, the S3 server), installed into $(go env GOPATH)/bin, which
 # the tests find on PATH.
