@@ -306,3 +306,46 @@ func TestScanKeepsEarlierChunks(t *testing.T) {
 		t.Errorf("%d bytes fetched for a %d byte object (%.3fx): chunks were fetched twice", st.Bytes, size, float64(st.Bytes)/size)
 	}
 }
+
+// TestReadaheadKeepsWindowFull: a sequential reader, once its window is
+// at MaxReadahead, always has all of it but one request's worth asked for
+// ahead of it, asked for a request at a time once the window has grown
+// (prefetch cuts what it asks for into runs of MaxRequest). (Half-window steps let the
+// prefetched distance fall to half the window, and then asked for the
+// other half at once: a reader as fast as the link waited at every step.)
+func TestReadaheadKeepsWindowFull(t *testing.T) {
+	opts, err := Options{}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := opts.ChunkSize
+	o := &Object{c: &Client{opts: opts}, nchunks: (1 << 30) / cs}
+	maxWin, step := opts.MaxReadahead/cs, opts.MaxRequest/cs
+	var ahead int64 // chunks before this one have been asked for
+	full := false
+	for off := int64(0); off < o.nchunks*cs; off += 128 << 10 {
+		end := off + 128<<10
+		from, to, _, _ := o.ra.advise(off, end, o)
+		last := (end - 1) / cs
+		if from < to {
+			if from != max(ahead, last+1) {
+				t.Fatalf("read at %d: prefetch from chunk %d, want %d", off, from, max(ahead, last+1))
+			}
+			if full && to-from > step {
+				t.Fatalf("read at %d: prefetch of %d chunks at once, want at most a request (%d)", off, to-from, step)
+			}
+			ahead = to
+		}
+		ahead = max(ahead, last+1)
+		if ahead-(last+1) >= maxWin-step {
+			full = true
+		}
+		if full && ahead < o.nchunks && ahead-(last+1) < maxWin-step {
+			t.Fatalf("read at %d: %d chunks asked for ahead of the reader, want at least %d of the %d-chunk window",
+				off, ahead-(last+1), maxWin-step, maxWin)
+		}
+	}
+	if !full {
+		t.Fatal("the window never reached MaxReadahead")
+	}
+}
