@@ -1,7 +1,11 @@
 package remote
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 )
 
@@ -128,5 +132,43 @@ func TestCacheRelease(t *testing.T) {
 	hits(10, 12)
 	if a.key != testChunk(10) {
 		t.Fatalf("chunk 10's slot now holds %v", a.key)
+	}
+}
+
+// TestDiskCacheSamePutAtOnce: a reader's fetch and a hydration may put the
+// same chunk at once. Each write goes to a file of its own, renamed into
+// place whole: a get between them finds the chunk whole or not at all,
+// never a file another put truncated under it ("damaged"), and no put
+// fails because another renamed its file away.
+func TestDiskCacheSamePutAtOnce(t *testing.T) {
+	var log logBuf
+	d, err := openDiskCache(t.TempDir(), 1<<30, slog.New(slog.NewTextHandler(&log, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("qcowfs chunk "), 20<<10)
+	const rounds = 200
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				d.put("obj", 7, data)
+			}
+		}()
+	}
+	buf := make([]byte, len(data))
+	for range 4 * rounds {
+		if n, ok := d.get("obj", 7, buf); ok && !bytes.Equal(buf[:n], data) {
+			t.Fatal("a get returned other bytes than were put")
+		}
+	}
+	wg.Wait()
+	if strings.Contains(log.String(), "damaged") || strings.Contains(log.String(), "cannot write") {
+		t.Errorf("a put was cut by the other:\n%s", log.String())
+	}
+	if n, ok := d.get("obj", 7, buf); !ok || !bytes.Equal(buf[:n], data) {
+		t.Error("the chunk is not whole after the puts")
 	}
 }

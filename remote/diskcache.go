@@ -188,11 +188,14 @@ func (d *diskCache) write(path string, data []byte) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	// A file of its own: a reader's fetch and a hydration may put the
+	// same chunk at once, and one must not truncate the other's file
+	// under it.
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.tmp")
 	if err != nil {
 		return err
 	}
+	tmp := f.Name()
 	var tr [diskTrailer]byte
 	binary.LittleEndian.PutUint32(tr[:4], uint32(len(data)))
 	binary.LittleEndian.PutUint32(tr[4:], crc32.Checksum(data, castagnoli))
