@@ -38,6 +38,7 @@ type Client struct {
 	hydrations []*Hydration
 	hydUsed    int64
 	hydNext    time.Time
+	hydBufs    sync.Pool // *[]byte of MaxRequest bytes: one hydration run's buffer
 
 	mu      sync.Mutex
 	ids     map[string]*idRef // cache ids by object identity

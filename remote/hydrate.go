@@ -271,11 +271,20 @@ func (o *Object) hydrateRun(h *Hydration, run []hydrateChunk) error {
 	c := o.c
 	first := run[0].idx
 	off := first * c.opts.ChunkSize
+	// One buffer of MaxRequest bytes per run in flight, reused: a
+	// hydration of an image passes all of it through them.
+	bp, _ := c.hydBufs.Get().(*[]byte)
+	if bp == nil {
+		b := make([]byte, c.opts.MaxRequest)
+		bp = &b
+	}
+	defer c.hydBufs.Put(bp)
 	bufs := make([][]byte, len(run))
 	var n int64
 	for i, k := range run {
-		bufs[i] = make([]byte, o.chunkLen(k.idx))
-		n += int64(len(bufs[i]))
+		l := int64(o.chunkLen(k.idx))
+		bufs[i] = (*bp)[n : n+l : n+l]
+		n += l
 	}
 	if err := c.hydrateWait(o.ctx, n); err != nil {
 		return nil // closed: hydrate says so
