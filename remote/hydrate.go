@@ -28,9 +28,10 @@ import (
 //     the Client together.
 //
 // A chunk already in the disk cache (a second mount of the same version,
-// or a reader's fetch) is not fetched again. A chunk a reader fetches
-// while hydration is on its way to it may be fetched twice; nothing else
-// is. The chunks hydrated count against CacheDirSize: once the next run
+// or a reader's fetch, also one made while the run holding the chunk
+// waited for its turn under the rate cap) is not fetched again. A chunk
+// a reader fetches while hydration's request for it is in flight is
+// fetched twice; nothing else is. The chunks hydrated count against CacheDirSize: once the next run
 // would pass it, the hydration stops, bounded, and logs a line saying how
 // far it got. It ends early with the Object (Close) or when the object
 // changed; a run that fails for a while is retried with backoff.
@@ -269,6 +270,40 @@ func (o *Object) hydrate(h *Hydration, chunks []hydrateChunk) {
 // Object lasts, at most Timeout per attempt and hydrateAttempts attempts.
 func (o *Object) hydrateRun(h *Hydration, run []hydrateChunk) error {
 	c := o.c
+	var n int64
+	for _, k := range run {
+		n += int64(o.chunkLen(k.idx))
+	}
+	if err := c.hydrateWait(o.ctx, n); err != nil {
+		return nil // closed: hydrate says so
+	}
+	// Readers may have fetched some of the chunks meanwhile (a capped
+	// hydration waits its turn for long): those are in the disk cache
+	// now, and the rest goes in runs of what is still missing.
+	for len(run) > 0 {
+		i := 0
+		for i < len(run) && c.disk.has(o.diskKey, run[i].idx) {
+			h.done.Add(run[i].needed)
+			i++
+		}
+		j := i
+		for j < len(run) && !c.disk.has(o.diskKey, run[j].idx) {
+			j++
+		}
+		if i < j {
+			if err := o.hydrateFetch(h, run[i:j]); err != nil {
+				return err
+			}
+		}
+		run = run[j:]
+	}
+	return nil
+}
+
+// hydrateFetch fetches run (adjacent chunks, at most MaxRequest bytes)
+// into the disk cache, retrying as hydrateRun says.
+func (o *Object) hydrateFetch(h *Hydration, run []hydrateChunk) error {
+	c := o.c
 	first := run[0].idx
 	off := first * c.opts.ChunkSize
 	// One buffer of MaxRequest bytes per run in flight, reused: a
@@ -286,8 +321,8 @@ func (o *Object) hydrateRun(h *Hydration, run []hydrateChunk) error {
 		bufs[i] = (*bp)[n : n+l : n+l]
 		n += l
 	}
-	if err := c.hydrateWait(o.ctx, n); err != nil {
-		return nil // closed: hydrate says so
+	if o.ctx.Err() != nil {
+		return nil
 	}
 	for i := 0; ; i++ {
 		ctx, cancel := context.WithTimeout(o.ctx, c.opts.Timeout)

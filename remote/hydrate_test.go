@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/qcowfs/qcowfs/test/servers"
 )
 
 // hydrateSpans overlap, touch, and run past the end of the 8 MiB object
@@ -82,7 +84,8 @@ func TestHydrate(t *testing.T) {
 	}
 	fetched := map[int64]int{}
 	var total int64
-	for _, a := range ng.Log(t)[before:] {
+	log0 := ng.Log(t)[:before]
+	for _, a := range ng.WaitBodyBytes(t, servers.BodyBytes(log0)+st.Fetched)[before:] {
 		lo, hi := parseRange(t, a.Range)
 		total += hi - lo
 		for p := lo; p < hi; p += cs {
@@ -163,6 +166,49 @@ func TestHydrateRate(t *testing.T) {
 	}
 	if st := waitHydrated(t, h, 30*time.Second); st.State != "complete" || time.Since(start) > 2*time.Second {
 		t.Errorf("4 MiB without a cap over loopback: %+v in %v", st, time.Since(start))
+	}
+}
+
+// TestHydrateSkipsWhatReadersFetched: a chunk a reader fetched while a
+// capped hydration's run holding it waited its turn is in the disk cache
+// when the run's turn comes, and is not fetched again: nginx's log shows
+// each chunk of the object fetched once. (The object takes 2 s at the
+// cap; the reader's fetch takes a moment at the start.)
+func TestHydrateSkipsWhatReadersFetched(t *testing.T) {
+	const size = 2 << 20
+	ng, data := nginxWith(t, size, false)
+	opts := testOptions(nil)
+	opts.CacheDir = t.TempDir()
+	opts.ChunkSize, opts.MaxRequest = 64<<10, 256<<10
+	opts.HydrateRate = 1 << 20
+	c := newClient(t, opts)
+	o := open(t, c, ng.URL+"/disk.img")
+	ng.WaitLog(t, 1)
+	h, err := o.Hydrate([]Span{{0, size}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Chunk 14 is in the fourth run of four chunks: the fourth worker
+	// took it at once, and waits 0.75 s for its turn.
+	p := make([]byte, 4096)
+	off := int64(14<<16 + 100)
+	if _, err := o.ReadAt(p, off); err != nil || !bytes.Equal(p, data[off:off+4096]) {
+		t.Fatalf("read at %d: %v", off, err)
+	}
+	if st := waitHydrated(t, h, 30*time.Second); st.State != "complete" || st.Done != size {
+		t.Fatalf("hydration: %+v", st)
+	}
+	fetched := map[int64]int{}
+	for _, a := range ng.WaitBodyBytes(t, size) { // Open's request (the first chunk) too
+		lo, hi := parseRange(t, a.Range)
+		for q := lo; q < hi; q += opts.ChunkSize {
+			fetched[q/opts.ChunkSize]++
+		}
+	}
+	for idx := range int64(size / opts.ChunkSize) {
+		if fetched[idx] != 1 {
+			t.Errorf("chunk %d fetched %d times, want once", idx, fetched[idx])
+		}
 	}
 }
 

@@ -179,6 +179,24 @@ func (n *Nginx) WaitLog(t testing.TB, count int) []Access {
 	}
 }
 
+// WaitBodyBytes returns the log once its requests' bodies add up to at
+// least n bytes, failing the test if that takes over 10 s: a client may
+// have all its bytes before nginx has logged the last request.
+func (n *Nginx) WaitBodyBytes(t testing.TB, bytes int64) []Access {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l := n.Log(t)
+		if BodyBytes(l) >= bytes {
+			return l
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nginx logged %d body bytes after 10 s, want %d", BodyBytes(l), bytes)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // BodyBytes sums the body bytes of the requests logged.
 func BodyBytes(log []Access) int64 {
 	var s int64
