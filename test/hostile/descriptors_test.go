@@ -200,3 +200,49 @@ func TestHostileManyImagesDescriptors(t *testing.T) {
 	}
 	m.NoPanics(t)
 }
+
+// TestHostileManyImages: 2,000 images in a folder. A listing with a stat
+// of every name is one scan; the second reads no image again.
+func TestHostileManyImages(t *testing.T) {
+	harness.RequireFUSE(t)
+	src := qemu.TempDir(t)
+	dir := filepath.Join(src, "lots")
+	os.Mkdir(dir, 0o755)
+	tmpl := filepath.Join(t.TempDir(), "t.qcow2")
+	qemu.Create(t, "qcow2", tmpl, "1M", "-o", "cluster_size=512")
+	qemu.IO(t, tmpl, "write -P 0x31 0 4k")
+	copies(t, tmpl, dir, 2000)
+	m := harness.Mount(t, src)
+	pid := m.PID(t)
+	p0 := harness.ReadProc(t, pid)
+	start := time.Now()
+	listed := listWithin(t, filepath.Join(m.Dir, "lots"), 120*time.Second)
+	statAll(t, filepath.Join(m.Dir, "lots"), listed, 120*time.Second)
+	p1 := harness.ReadProc(t, pid)
+	first := time.Since(start)
+	start = time.Now()
+	statAll(t, filepath.Join(m.Dir, "lots"), listWithin(t, filepath.Join(m.Dir, "lots"), 120*time.Second), 120*time.Second)
+	p2 := harness.ReadProc(t, pid)
+	t.Logf("2,000 images: first listing with stats %v, %d KiB read; second %v, %d KiB read", first.Round(time.Millisecond),
+		(p1.Rchar-p0.Rchar)>>10, time.Since(start).Round(time.Millisecond), (p2.Rchar-p1.Rchar)>>10)
+	if len(listed) != 2000 {
+		t.Errorf("%d names listed", len(listed))
+	}
+	if p2.Rchar-p1.Rchar > (p1.Rchar-p0.Rchar)/4 {
+		t.Errorf("the second listing read %d bytes, the first %d", p2.Rchar-p1.Rchar, p1.Rchar-p0.Rchar)
+	}
+}
+
+// copies writes n copies of file into dir, as img-00000.qcow2, ...
+func copies(t testing.TB, file, dir string, n int) {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("img-%05d.qcow2", i)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
