@@ -5,9 +5,7 @@ package cli
 // where qemu-img has nothing to compare.
 
 import (
-	"bytes"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,68 +37,14 @@ func TestQemuImgDiff(t *testing.T) {
 	qemu.Require(t, "qemu-img", "qemu-io")
 	dir := qemu.TempDir(t)
 	images := qemu.Matrix(t, dir)
+	images = append(images, qemu.FormImages(t, dir, images[0].Path)...)
 	add := func(name, path string) { images = append(images, qemu.Image{Name: name, Path: path}) }
-
-	dirty := filepath.Join(dir, "dirty.qcow2")
-	qemu.Create(t, "qcow2", dirty, "1M", "-o", "lazy_refcounts=on")
-	qemu.IO(t, dirty, "write -P 0x12 0 4k")
-	qemu.SetIncompatible(t, dirty, 1)
-	add("dirty", dirty)
-	corrupt := filepath.Join(dir, "corrupt.qcow2")
-	qemu.Create(t, "qcow2", corrupt, "1M")
-	qemu.IO(t, corrupt, "write -P 0x12 0 4k")
-	qemu.SetIncompatible(t, corrupt, 2)
-	add("corrupt", corrupt)
 	bitmaps := filepath.Join(dir, "bitmaps.qcow2")
 	qemu.Create(t, "qcow2", bitmaps, "4M")
 	qemu.Img(t, "bitmap", "--add", bitmaps, "on")
 	qemu.Img(t, "bitmap", "--add", "--disable", "-g", "512k", bitmaps, "off") // no flags: an empty list
 	add("bitmaps", bitmaps)
-	for _, format := range []string{"luks", "aes"} {
-		p := filepath.Join(dir, format+".qcow2")
-		qemu.CreateEncrypted(t, p, format)
-		add(format, p)
-	}
-	odd := filepath.Join(dir, "odd size.raw")
-	if err := os.WriteFile(odd, bytes.Repeat([]byte("raw!"), 2500), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	add("raw-odd-size", odd)
-	sparse := filepath.Join(dir, "sparse.raw")
-	qemu.Create(t, "raw", sparse, "3M")
-	add("raw-sparse", sparse)
-	text := writeFile(t, filepath.Join(dir, "text.qcow2"), strings.Repeat("not a qcow2 image\n", 100))
-	add("text", text)
-	// A name with a space, a quote, a backslash and non-ASCII letters,
-	// which qemu's JSON escapes its own way.
-	strange := filepath.Join(dir, `vm "ü" \ 東.qcow2`)
-	qemu.Create(t, "qcow2", strange, "1M", "-b", filepath.Base(images[0].Path), "-F", "qcow2")
-	add("strange-name", strange)
-	// Other compression, refcount width and an absolute backing name.
-	zstd := filepath.Join(dir, "zstd.qcow2")
-	qemu.Create(t, "qcow2", zstd, "3M", "-o", "compression_type=zstd,refcount_bits=1,extended_l2=on,cluster_size=16384", "-b", images[0].Path, "-F", "qcow2")
-	add("zstd", zstd)
-	// The first 4, 7 and 8 bytes of a version 2 image: the first two are
-	// raw to qemu (the version reads as 0), the third a qcow2 image too
-	// short to open.
-	for _, n := range []int{4, 7, 8} {
-		name := fmt.Sprintf("short-%d", n)
-		p := filepath.Join(dir, name+".qcow2")
-		head := make([]byte, n)
-		f, err := os.Open(images[0].Path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.ReadAt(head, 0)
-		f.Close()
-		if err := os.WriteFile(p, head, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		add(name, p)
-	}
-	orphan := filepath.Join(dir, "orphan.qcow2")
-	qemu.Img(t, "create", "-q", "-u", "-f", "qcow2", "-b", "gone.qcow2", "-F", "qcow2", orphan, "1M")
-	add("orphan", orphan)
+	add("text", writeFile(t, filepath.Join(dir, "text.qcow2"), strings.Repeat("not a qcow2 image\n", 100)))
 
 	newQemu := qemu.Major(t) >= 8
 	for _, im := range images {
