@@ -241,8 +241,7 @@ func TestEncryptedInfoMapCheck(t *testing.T) {
 	// A snapshot, which qemu-img info lists: only an opened image can.
 	snap := images[0]
 	qemu.Run(t, "qemu-img", append(snap.Args(t, "snapshot"), "-c", "s1")...)
-	kdir := t.TempDir()
-	qemu.KeyDir(t, kdir, dir, images)
+	kdir := qemu.KeyDir(t, dir, images)
 	filename := regexp.MustCompile(`(?m)^    "filename": ".*",\n`)
 	for _, e := range images {
 		t.Run(e.Name, func(t *testing.T) {

@@ -62,6 +62,12 @@ func RunCmdTimeout(t testing.TB, cmd *exec.Cmd, d time.Duration) Result {
 	return r
 }
 
+// Exec runs the tool name with args within Timeout (RunCmd).
+func Exec(t testing.TB, name string, args ...string) Result {
+	t.Helper()
+	return RunCmd(t, exec.Command(name, args...))
+}
+
 // Run runs the qcowfs binary under test with args.
 func Run(t testing.TB, args ...string) Result {
 	t.Helper()

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -152,7 +151,7 @@ func Matrix(t testing.TB, dir string) []Image {
 // lseek(SEEK_DATA), which counts dirty pages as data, qcowfs asks FIEMAP
 // after syncing the file, and qemu's preallocated-metadata detection goes
 // by st_blocks, which delayed allocation changes at writeback.
-func settle() { syscall.Sync() }
+func settle() { unix.Sync() }
 
 // patternWrites returns qemu-io commands that exercise a disk of the given
 // size and cluster size: patterns at unaligned offsets, writes across

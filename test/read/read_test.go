@@ -231,8 +231,7 @@ func TestEncryptedThroughMount(t *testing.T) {
 	qemu.Require(t, "qemu-img", "qemu-io", "cmp")
 	src := qemu.TempDir(t)
 	images := qemu.EncryptedMatrix(t, src, qemu.LUKSSpecs())
-	keys := filepath.Join(t.TempDir(), "keys")
-	qemu.KeyDir(t, keys, src, images)
+	keys := qemu.KeyDir(t, src, images)
 	// luks-c512's passphrase comes from --key-file: none in --key-dir.
 	os.Remove(filepath.Join(keys, "luks-c512.qcow2"))
 	keyFile := filepath.Join(t.TempDir(), "key")

@@ -33,8 +33,7 @@ func TestRemoteEncryptedHTTP(t *testing.T) {
 		{Cipher: "twofish-256", Mode: "cbc", Ivgen: "essiv", IvgenHash: "sha256", Hash: "sha1"},
 		{Cipher: "cast5-128", Mode: "ctr", Ivgen: "plain64", Hash: "sha512"},
 	})
-	kdir := t.TempDir()
-	qemu.KeyDir(t, kdir, src, images)
+	kdir := qemu.KeyDir(t, src, images)
 	ng := servers.StartNginx(t, root, false)
 	expect := t.TempDir()
 	for _, e := range images {
@@ -85,8 +84,7 @@ func TestRemoteEncryptedS3(t *testing.T) {
 	srv := startS3(t, "images")
 	work := qemu.TempDir(t)
 	images := qemu.EncryptedMatrix(t, work, nil)
-	kdir := t.TempDir()
-	qemu.KeyDir(t, kdir, work, images)
+	kdir := qemu.KeyDir(t, work, images)
 	os.Remove(filepath.Join(kdir, "luks-c2m.qcow2")) // its key is the --key-file
 	keyFile := filepath.Join(t.TempDir(), "key")
 	os.WriteFile(keyFile, []byte("pass-luks-c2m"), 0o600)
@@ -137,8 +135,7 @@ func TestRemoteEncryptedOverlay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kdir := t.TempDir()
-	qemu.KeyDir(t, kdir, root, []qemu.EncImage{e})
+	kdir := qemu.KeyDir(t, root, []qemu.EncImage{e})
 	ng := servers.StartNginx(t, root, false)
 	url := ng.URL + "/vm.qcow2"
 	ov := filepath.Join(t.TempDir(), "overlays")

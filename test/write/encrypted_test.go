@@ -103,8 +103,7 @@ func TestEncryptedWritesThroughMount(t *testing.T) {
 	src := qemu.TempDir(t)
 	work := t.TempDir()
 	images := qemu.EncryptedMatrix(t, src, qemu.WriteSpecs())
-	kdir := t.TempDir()
-	qemu.KeyDir(t, kdir, src, images)
+	kdir := qemu.KeyDir(t, src, images)
 	keep := map[string][32]byte{}
 	for _, f := range []string{"chain-base.qcow2", "plain-base.qcow2", "legacy-aes.qcow2"} {
 		keep[f] = fileSHA(t, filepath.Join(src, f))
@@ -160,8 +159,7 @@ func TestEncryptedOverlay(t *testing.T) {
 	src := qemu.TempDir(t)
 	work := t.TempDir()
 	images := qemu.EncryptedMatrix(t, src, []qemu.LUKSSpec{{Cipher: "twofish-128", Mode: "cbc", Ivgen: "essiv", IvgenHash: "sha256", Hash: "sha512"}})
-	kdir := t.TempDir()
-	qemu.KeyDir(t, kdir, src, images)
+	kdir := qemu.KeyDir(t, src, images)
 	sums := map[string][32]byte{}
 	names, _ := filepath.Glob(filepath.Join(src, "*.qcow2"))
 	for _, n := range names {
@@ -230,8 +228,7 @@ func TestEncryptedTempOverlay(t *testing.T) {
 	}
 	qemu.CreateLUKS(t, img, "temp pass", "8M", "")
 	e := qemu.EncImage{Name: "vm", Path: img, Secrets: map[string]string{"vm.qcow2": "temp pass"}, Chain: []string{"vm.qcow2"}}
-	kdir := t.TempDir()
-	qemu.KeyDir(t, kdir, src, []qemu.EncImage{e})
+	kdir := qemu.KeyDir(t, src, []qemu.EncImage{e})
 	t.Setenv("TMPDIR", t.TempDir()) // the daemon's throwaway folder
 	m := harness.Mount(t, src, "--writable", "--overlay=temp", "--key-dir", kdir)
 	data := bytes.Repeat([]byte("throwaway overlay, encrypted. "), 3000)
