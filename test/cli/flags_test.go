@@ -36,17 +36,14 @@ func TestMountOptionsAccepted(t *testing.T) {
 		t.Fatalf("mounted as %+v, want fuse.qcowfs with source my-images", m)
 	}
 	harness.SameFile(t, filepath.Join(mnt, "vm.raw"), raw)
-	harness.WantOK(t, "qcowfs unmount", harness.Run(t, "unmount", mnt))
-	harness.WaitGone(t, mnt)
+	harness.WantUnmount(t, mnt)
 }
 
 // chainOutside makes an overlay in src whose backing file lies in
 // outside (a folder of its own), and returns the overlay and its bytes.
 func chainOutside(t *testing.T, src, outside string) (over, raw string) {
 	t.Helper()
-	base := filepath.Join(outside, "base.qcow2")
-	qemu.Create(t, "qcow2", base, "2M")
-	qemu.IO(t, base, "write -P 0x3c 0 1M")
+	base := qemu.Make(t, filepath.Join(outside, "base.qcow2"), "2M", "write -P 0x3c 0 1M")
 	over = filepath.Join(src, "over.qcow2")
 	qemu.Create(t, "qcow2", over, "2M", "-b", base, "-F", "qcow2")
 	qemu.IO(t, over, "write -P 0x4d 512k 64k")
@@ -76,8 +73,7 @@ func TestMountRelativePaths(t *testing.T) {
 		cmd.Dir = work
 		harness.WantOK(t, "qcowfs "+strings.Join(args, " "), harness.RunCmd(t, cmd))
 		harness.SameFile(t, filepath.Join(mnt, "over.raw"), raw)
-		harness.WantOK(t, "qcowfs unmount", harness.Run(t, "unmount", mnt))
-		harness.WaitGone(t, mnt)
+		harness.WantUnmount(t, mnt)
 		for _, a := range args {
 			for _, kv := range strings.Split(a, ",") {
 				for _, key := range []string{"log-file=", "log_file=", "cpu-profile=", "cpu_profile="} {
@@ -110,8 +106,7 @@ func TestAllowBackingOutsideComma(t *testing.T) {
 		all := append(append([]string{"mount", "--log-file", filepath.Join(t.TempDir(), "log")}, args...), src, mnt)
 		harness.WantOK(t, "qcowfs "+strings.Join(all, " "), harness.Run(t, all...))
 		harness.SameFile(t, filepath.Join(mnt, "over.raw"), raw)
-		harness.WantOK(t, "qcowfs unmount", harness.Run(t, "unmount", mnt))
-		harness.WaitGone(t, mnt)
+		harness.WantUnmount(t, mnt)
 	}
 }
 
@@ -154,8 +149,7 @@ func TestMountSingleImageRefused(t *testing.T) {
 		if c.img == over {
 			harness.SameFile(t, filepath.Join(mnt, "over.raw"), raw)
 		}
-		harness.WantOK(t, "qcowfs unmount", harness.Run(t, "unmount", mnt))
-		harness.WaitGone(t, mnt)
+		harness.WantUnmount(t, mnt)
 	}
 }
 

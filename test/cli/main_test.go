@@ -33,9 +33,7 @@ func smallImage(t testing.TB, dir, name string) (img, raw string) {
 // mountTmpfs mounts a tmpfs on dir until the test ends.
 func mountTmpfs(t testing.TB, dir string) {
 	t.Helper()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m", "qcowfs-test", dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs: %v %s", err, out)
-	}
+	harness.WantOK(t, "mount", harness.Exec(t, "mount", "-t", "tmpfs", "-o", "size=1m", "qcowfs-test", dir))
 	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
 }
 

@@ -6,8 +6,6 @@ package cli
 
 import (
 	"errors"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -127,9 +125,7 @@ func TestInfoErrors(t *testing.T) {
 func TestFormatFlag(t *testing.T) {
 	qemu.Require(t, "qemu-img", "qemu-io")
 	dir := qemu.TempDir(t)
-	base := filepath.Join(dir, "base.qcow2")
-	qemu.Create(t, "qcow2", base, "2M")
-	qemu.IO(t, base, "write -P 0x5a 64k 64k")
+	base := qemu.Make(t, filepath.Join(dir, "base.qcow2"), "2M", "write -P 0x5a 64k 64k")
 	top := filepath.Join(dir, "top.qcow2")
 	qemu.Create(t, "qcow2", top, "2M", "-b", "base.qcow2", "-F", "qcow2")
 	qemu.IO(t, top, "write -P 0xa5 1M 4k")
@@ -264,12 +260,11 @@ func TestCheckMatchesQemu(t *testing.T) {
 // exit status. Reading the damaged range through the mount must fail with
 // EIO where it would otherwise hand out metadata.
 func TestCheckDamaged(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	const cs = 65536
 	for _, im := range qemu.Damaged(t, src) {
 		t.Run(im.Name, func(t *testing.T) {
-			if c := harness.RunCmd(t, exec.Command("qemu-img", "check", im.Path)); c.Code == 0 {
+			if c := harness.Exec(t, "qemu-img", "check", im.Path); c.Code == 0 {
 				t.Fatalf("qemu-img check finds nothing wrong with %s: %s", im.Name, c.Stdout)
 			}
 			for _, out := range []string{"human", "json"} {
@@ -282,11 +277,7 @@ func TestCheckDamaged(t *testing.T) {
 	m := harness.Mount(t, src, "--allow-corrupt")
 	// Cluster 2 of l2-into-l1 points into the L1 table: reading it must
 	// fail rather than return the table's bytes as guest data.
-	f, err := os.Open(filepath.Join(m.Dir, "l2-into-l1.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f := harness.Open(t, filepath.Join(m.Dir, "l2-into-l1.raw"))
 	if _, err := f.ReadAt(make([]byte, 4096), 2*cs); !errors.Is(err, syscall.EIO) {
 		t.Errorf("reading guest data that points into the L1 table: %v, want EIO", err)
 	}
