@@ -6,12 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,8 +26,7 @@ import (
 // other images of the mount read correctly, and the daemon logs the
 // failure once per image.
 func TestCorruptCompressedCluster(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	raw := filepath.Join(src, "text.raw")
 	var text bytes.Buffer
 	for i := 0; text.Len() < 4<<20; i++ {
@@ -62,9 +59,9 @@ func TestCorruptCompressedCluster(t *testing.T) {
 
 	// The oracle: qemu cannot read those clusters either.
 	for _, p := range []string{bad, past} {
-		out, _ := exec.Command("qemu-io", "-f", "qcow2", "-c", "read 196608 65536", p).CombinedOutput()
-		if !strings.Contains(string(out), "Input/output error") {
-			t.Fatalf("qemu-io reads the damaged cluster of %s: %s", p, out)
+		r := harness.Exec(t, "qemu-io", "-f", "qcow2", "-c", "read 196608 65536", p)
+		if !strings.Contains(r.Stdout+r.Stderr, "Input/output error") {
+			t.Fatalf("qemu-io reads the damaged cluster of %s: %s%s", p, r.Stdout, r.Stderr)
 		}
 	}
 
@@ -74,13 +71,10 @@ func TestCorruptCompressedCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"badstream", "pasteof"} {
-		f, err := os.Open(filepath.Join(m.Dir, name+".raw"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		f := harness.Open(t, filepath.Join(m.Dir, name+".raw"))
 		buf := make([]byte, cs)
 		for i := 0; i < 3; i++ {
-			if _, err := f.ReadAt(buf[:4096], 3*cs+8192); !errors.Is(err, syscall.EIO) {
+			if _, err := f.ReadAt(buf[:4096], 3*cs+8192); !errors.Is(err, unix.EIO) {
 				t.Errorf("%s: reading the damaged cluster: %v, want EIO", name, err)
 			}
 		}
@@ -105,11 +99,8 @@ func TestCorruptCompressedCluster(t *testing.T) {
 // whose metadata map does not fit in --metadata-memory is not shown, with
 // a line naming the flag.
 func TestHostileMetadataAsData(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
-	tmpl := filepath.Join(t.TempDir(), "tmpl.qcow2")
-	qemu.Create(t, "qcow2", tmpl, "8M")
-	qemu.IO(t, tmpl, "write -P 0x41 0 1M", "write -c -P 0x42 1M 64k")
+	src := harness.SourceDir(t)
+	tmpl := qemu.Make(t, filepath.Join(t.TempDir(), "tmpl.qcow2"), "8M", "write -P 0x41 0 1M", "write -c -P 0x42 1M 64k")
 	qemu.Img(t, "snapshot", "-c", "s", tmpl)
 	qemu.Img(t, "bitmap", "--add", tmpl, "b")
 	_, _, dirOff, _ := qemu.BitmapDirectory(t, tmpl)
@@ -137,8 +128,8 @@ func TestHostileMetadataAsData(t *testing.T) {
 	qemu.PatchU(t, cp, at, 8, e&^(1<<x-1)|0x200)
 	hostile = append(hostile, cp)
 	for _, p := range hostile {
-		if out, err := exec.Command("qemu-img", "check", p).CombinedOutput(); err == nil {
-			t.Fatalf("qemu-img check finds nothing wrong with %s:\n%s", filepath.Base(p), out)
+		if r := harness.Exec(t, "qemu-img", "check", p); r.Code == 0 {
+			t.Fatalf("qemu-img check finds nothing wrong with %s:\n%s", filepath.Base(p), r.Stdout)
 		}
 	}
 	// An image whose L1 table alone (2 MiB: a 128 TiB disk) is more than
@@ -161,7 +152,7 @@ func TestHostileMetadataAsData(t *testing.T) {
 			off = 1 << 20
 		}
 		_, err = harness.Within(t, "reading "+raw, 10*time.Second, func() (int, error) { return f.ReadAt(make([]byte, 4096), off) })
-		if !errIs(err, syscall.EIO) {
+		if !errIs(err, unix.EIO) {
 			t.Errorf("%s: reading the cluster in metadata: %v, want EIO", filepath.Base(raw), err)
 		}
 		b := make([]byte, 4096)
@@ -209,10 +200,7 @@ func TestZstdHugeWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	dec, _ := zstd.NewReader(nil)
-	f, err := os.OpenFile(p, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := harness.OpenFile(t, p, os.O_RDWR)
 	st, _ := f.Stat()
 	end := (st.Size() + 511) &^ 511
 	for n := int64(0); n < 64; n++ {
@@ -253,7 +241,7 @@ func TestZstdHugeWindow(t *testing.T) {
 			defer g.Close()
 			buf := harness.AlignedBlock(t, 1<<20)
 			for off := int64(i%4) << 20; off < 4<<20; off += 1 << 20 {
-				if _, err := g.ReadAt(buf, off); !errors.Is(err, syscall.EIO) {
+				if _, err := g.ReadAt(buf, off); !errors.Is(err, unix.EIO) {
 					errs[i] = fmt.Errorf("read at %d: %v", off, err)
 					return
 				}

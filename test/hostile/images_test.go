@@ -23,8 +23,7 @@ import (
 // read hangs, the daemon keeps serving, nothing outside the source folder
 // is ever read, and the good images read byte-exact.
 func TestHostileImages(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	mk := func(name, size string, opts ...string) string {
 		p := filepath.Join(src, name)
 		qemu.Create(t, "qcow2", p, size, opts...)
@@ -206,16 +205,11 @@ func TestHostileImages(t *testing.T) {
 // two snapshots with the same ID are each served with their own content
 // (qemu-img convert -l snapshot.name=).
 func TestHostileAgreeWithQemu(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
-	odd := filepath.Join(src, "odd.qcow2")
-	qemu.Create(t, "qcow2", odd, "2M")
-	qemu.IO(t, odd, "write -P 0x41 0 2M")
+	src := harness.SourceDir(t)
+	odd := qemu.Make(t, filepath.Join(src, "odd.qcow2"), "2M", "write -P 0x41 0 2M")
 	qemu.PatchU(t, odd, qemu.HeaderSize, 8, 1<<20+123)
 
-	snaps := filepath.Join(src, "snaps.qcow2")
-	qemu.Create(t, "qcow2", snaps, "1M")
-	qemu.IO(t, snaps, "write -P 0x51 0 64k")
+	snaps := qemu.Make(t, filepath.Join(src, "snaps.qcow2"), "1M", "write -P 0x51 0 64k")
 	qemu.Img(t, "snapshot", "-c", "first", snaps)
 	qemu.IO(t, snaps, "write -P 0x52 0 64k")
 	qemu.Img(t, "snapshot", "-c", "second", snaps)
@@ -301,14 +295,11 @@ func edgeValues(size int) []uint64 {
 // not shown has a log line, and qcowfs info, map and check finish on every
 // one within bounds of time and memory.
 func TestHostileFieldsNearLimits(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	tmpl := t.TempDir()
 
 	// The templates: snapshots and bitmaps, and a backing file.
-	full := filepath.Join(tmpl, "full.qcow2")
-	qemu.Create(t, "qcow2", full, "16M")
-	qemu.IO(t, full, "write -P 0x71 0 1M", "write -c -P 0x72 2M 128k")
+	full := qemu.Make(t, filepath.Join(tmpl, "full.qcow2"), "16M", "write -P 0x71 0 1M", "write -c -P 0x72 2M 128k")
 	qemu.Img(t, "snapshot", "-c", "snap", full)
 	qemu.Img(t, "bitmap", "--add", full, "bm")
 	qemu.IO(t, full, "write -P 0x73 512k 1M", "write -z 4M 64k")
@@ -385,9 +376,7 @@ func TestHostileFieldsNearLimits(t *testing.T) {
 		qemu.PatchU(t, dst, p.off, p.size, p.val)
 		hostile = append(hostile, dst)
 	}
-	good := filepath.Join(src, "good.qcow2")
-	qemu.Create(t, "qcow2", good, "4M")
-	qemu.IO(t, good, "write -P 0x61 0 1M", "write -P 0x62 3M 64k")
+	good := qemu.Make(t, filepath.Join(src, "good.qcow2"), "4M", "write -P 0x61 0 1M", "write -P 0x62 3M 64k")
 	goodRaw := qemu.ToRaw(t, good, filepath.Join(t.TempDir(), "good.raw"))
 
 	m := harness.Mount(t, src)
@@ -459,9 +448,7 @@ const (
 // single-image mount, fails within the same bound. Where qemu can open
 // the image at all, it refuses it too.
 func TestHostileEncrypted(t *testing.T) {
-	harness.RequireFUSE(t)
-	qemu.Require(t, "qemu-img", "qemu-io")
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	const pass = "hostile pass"
 	key := filepath.Join(t.TempDir(), "key")
 	os.WriteFile(key, []byte(pass), 0o600)

@@ -21,7 +21,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -63,9 +62,7 @@ func runHelper(h string) int {
 // that sits beside the hostile ones.
 func makeCanary(t testing.TB, dir string) {
 	t.Helper()
-	canary := filepath.Join(dir, "canary.qcow2")
-	qemu.Create(t, "qcow2", canary, "1M")
-	qemu.IO(t, canary, "write -P 0x61 0 1M")
+	qemu.Make(t, filepath.Join(dir, "canary.qcow2"), "1M", "write -P 0x61 0 1M")
 }
 
 // checkCanary fails the test unless canary.raw in dir (of a mount) reads
@@ -86,6 +83,17 @@ func sameWithin(t testing.TB, got, want string, d time.Duration) {
 		harness.SameFile(t, got, want)
 		return 0, nil
 	})
+}
+
+// peakWithin fails the test if the daemon pid's peak memory is over mib
+// MiB (harness.MemBound), and logs what /proc says of it.
+func peakWithin(t testing.TB, pid int, mib int64) {
+	t.Helper()
+	p := harness.ReadProc(t, pid)
+	t.Logf("daemon: %v", p)
+	if p.HWMKB > harness.MemBound(mib) {
+		t.Errorf("the daemon peaked at %d MiB", p.HWMKB>>10)
+	}
 }
 
 // listWithin lists dir (names, sorted) within d.
@@ -181,7 +189,7 @@ func boundedAll(t testing.TB, images []string) {
 }
 
 // errIs reports whether err is errno.
-func errIs(err error, errno syscall.Errno) bool { return errors.Is(err, errno) }
+func errIs(err error, errno unix.Errno) bool { return errors.Is(err, errno) }
 
 // probeImage reads a served disk of at most 64 MiB whole (more: its first
 // 4 MiB), and asks lseek where its data is, within timeouts; it returns
@@ -199,7 +207,7 @@ func probeImage(t testing.TB, path string) ([]byte, error) {
 			return nil, err
 		}
 		for _, whence := range []int{unix.SEEK_DATA, unix.SEEK_HOLE} {
-			if _, err := unix.Seek(int(f.Fd()), 0, whence); err != nil && err != syscall.ENXIO {
+			if _, err := unix.Seek(int(f.Fd()), 0, whence); err != nil && err != unix.ENXIO {
 				return nil, err
 			}
 		}

@@ -11,7 +11,6 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,9 +26,7 @@ import (
 // image of that one span (the oracle: every span reads the same).
 func allToOne(t *testing.T, dir, name string, l1 int64, cmds ...string) (string, [][2]int64) {
 	t.Helper()
-	one := filepath.Join(t.TempDir(), "one.qcow2")
-	qemu.Create(t, "qcow2", one, "512M")
-	qemu.IO(t, one, cmds...)
+	one := qemu.Make(t, filepath.Join(t.TempDir(), "one.qcow2"), "512M", cmds...)
 	var pattern [][2]int64
 	for _, e := range qemu.Map(t, one) {
 		if !e.Zero {
@@ -57,16 +54,13 @@ func allToOne(t *testing.T, dir, name string, l1 int64, cmds ...string) (string,
 // killed; a snapshot of 2^62 bytes is not shown, the image and its other
 // snapshot are. The daemon's memory stays bounded throughout.
 func TestHostileWalks(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	const l1 = 512 << 10
 	_, pattern := allToOne(t, src, "all-to-one.qcow2", l1, "write -P 1 0 64k", "write -P 2 1M 192k", "write -z 2M 64k", "write -c -P 3 8M 64k")
 	zeros, _ := allToOne(t, src, "zeros.qcow2", 1<<20, "write -z 0 512M")
 	zeros2 := filepath.Join(src, "zeros-killed.qcow2")
 	qemu.Run(t, "cp", zeros, zeros2)
-	huge := filepath.Join(src, "huge-snapshot.qcow2")
-	qemu.Create(t, "qcow2", huge, "1M")
-	qemu.IO(t, huge, "write -P 4 0 64k")
+	huge := qemu.Make(t, filepath.Join(src, "huge-snapshot.qcow2"), "1M", "write -P 4 0 64k")
 	qemu.Img(t, "snapshot", "-c", "huge", huge)
 	qemu.Img(t, "snapshot", "-c", "fine", huge)
 	qemu.PatchU(t, huge, qemu.SnapshotEntryOffset(t, huge, 0)+qemu.SnapshotDiskSize, 8, 1<<62)
@@ -108,8 +102,8 @@ func TestHostileWalks(t *testing.T) {
 	}
 	want := per * l1
 	harness.WaitFor(t, "st_blocks of the 256 TiB disk", 120*time.Second, func() bool {
-		var st syscall.Stat_t
-		return syscall.Stat(raw, &st) == nil && st.Blocks*512 == want
+		var st unix.Stat_t
+		return unix.Stat(raw, &st) == nil && st.Blocks*512 == want
 	})
 
 	// 512 TiB of zero clusters: SEEK_DATA answers within its budget.
@@ -120,7 +114,7 @@ func TestHostileWalks(t *testing.T) {
 	d, err := seekAt(t, filepath.Join(m.Dir, "zeros.raw"), 0, unix.SEEK_DATA)
 	full := harness.ReadProc(t, pid).CPU - cpu0
 	t.Logf("SEEK_DATA across 512 TiB of zero clusters: %d, %v after %v (%v of daemon CPU)", d, err, time.Since(start).Round(time.Millisecond), full)
-	if err != nil && err != syscall.ENXIO {
+	if err != nil && err != unix.ENXIO {
 		t.Errorf("SEEK_DATA on zeros.raw: %v", err)
 	}
 	if err == nil && !strings.Contains(m.LogText(t), "gave up after its work budget") {
@@ -152,11 +146,7 @@ func TestHostileWalks(t *testing.T) {
 		t.Logf("the walk takes %v: too short to show an interruption", full)
 	}
 	checkCanary(t, m.Dir)
-	after := harness.ReadProc(t, pid)
-	t.Logf("daemon after the walks: %v", after)
-	if after.HWMKB > harness.MemBound(160) {
-		t.Errorf("the daemon peaked at %d MiB", after.HWMKB>>10)
-	}
+	peakWithin(t, pid, 160)
 	m.NoPanics(t)
 	// qemu-img map of the 256 TiB disk prints 2.6 million lines (every
 	// span's entries); the bounded runs take one of 32 TiB.
@@ -209,11 +199,8 @@ func forgeSnapshots(t *testing.T, image string, n int) {
 // reads what qemu-img convert -l reads, and the daemon's memory stays
 // bounded.
 func TestHostileManySnapshots(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
-	img := filepath.Join(src, "many.qcow2")
-	qemu.Create(t, "qcow2", img, "16M")
-	qemu.IO(t, img, "write -P 0x21 0 1M", "write -P 0x22 8M 64k")
+	src := harness.SourceDir(t)
+	img := qemu.Make(t, filepath.Join(src, "many.qcow2"), "16M", "write -P 0x21 0 1M", "write -P 0x22 8M 64k")
 	const n = 65535
 	forgeSnapshots(t, img, n)
 	if info := qemu.Info(t, img); len(info["snapshots"].([]any)) != n {
@@ -244,9 +231,7 @@ func TestHostileManySnapshots(t *testing.T) {
 	qemu.Img(t, "convert", "-O", "raw", "-l", "snapshot.name=s-40000", img, want)
 	sameWithin(t, filepath.Join(m.Dir, "many@s-40000.raw"), want, 60*time.Second)
 	checkCanary(t, m.Dir)
-	if p := harness.ReadProc(t, pid); p.HWMKB > harness.MemBound(384) {
-		t.Errorf("the daemon peaked at %d MiB", p.HWMKB>>10)
-	}
+	peakWithin(t, pid, 384)
 	m.NoPanics(t)
 	boundedAll(t, []string{img})
 }
@@ -257,8 +242,7 @@ func TestHostileManySnapshots(t *testing.T) {
 // reader read the table and mapped its million clusters once per entry,
 // gigabytes; the daemon and qcowfs check stay within bounds.
 func TestHostileBitmapMemory(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	img := filepath.Join(src, "bitmaps.qcow2")
 	qemu.Create(t, "qcow2", img, "64M", "-o", "cluster_size=512")
 	qemu.Img(t, "bitmap", "--add", img, "b0")
@@ -314,11 +298,7 @@ func TestHostileBitmapMemory(t *testing.T) {
 		t.Errorf("bitmaps.raw: %v", err)
 	}
 	checkCanary(t, m.Dir)
-	p := harness.ReadProc(t, pid)
-	t.Logf("daemon: %v", p)
-	if p.HWMKB > harness.MemBound(256) {
-		t.Errorf("the daemon peaked at %d MiB", p.HWMKB>>10)
-	}
+	peakWithin(t, pid, 256)
 	m.NoPanics(t)
 	boundedAll(t, []string{img})
 }
@@ -330,8 +310,7 @@ func TestHostileBitmapMemory(t *testing.T) {
 // check of the extended file fails: it wants 66 GB for its counters),
 // qcowfs map what qemu-img map prints, within bounds.
 func TestHostileSparseTail(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	img := filepath.Join(src, "tail.qcow2")
 	qemu.Create(t, "qcow2", img, "64M", "-o", "cluster_size=512")
 	qemu.IO(t, img, "write -P 0x51 0 1M", "write -P 0x52 32M 64k", "write -z 40M 64k")
@@ -339,7 +318,7 @@ func TestHostileSparseTail(t *testing.T) {
 	qemu.Run(t, "cp", img, before)
 	wantRaw := qemu.ToRaw(t, before, filepath.Join(t.TempDir(), "before.raw"))
 	wantMap := qemu.Map(t, before)
-	q := harness.RunCmd(t, exec.Command("qemu-img", "check", "--output=json", before))
+	q := harness.Exec(t, "qemu-img", "check", "--output=json", before)
 	var wantCheck map[string]any
 	q.JSON(t, &wantCheck)
 	if err := os.Truncate(img, 15<<40); err != nil {
@@ -370,8 +349,8 @@ func TestHostileSparseTail(t *testing.T) {
 	if !reflect.DeepEqual(gotMap, wantMap) {
 		t.Errorf("qcowfs map:\n%s\nqemu-img map before the extension:\n%s", mapped.Stdout, dumpMap(wantMap))
 	}
-	var st syscall.Stat_t
-	if err := syscall.Stat(filepath.Join(m.Dir, "tail.raw"), &st); err != nil || st.Size != 64<<20 {
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(m.Dir, "tail.raw"), &st); err != nil || st.Size != 64<<20 {
 		t.Errorf("stat: %v, %d bytes", err, st.Size)
 	}
 	m.NoPanics(t)

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -33,31 +32,21 @@ func TestHostileShrunkHostFile(t *testing.T) {
 	for _, readPath := range []string{"splice", "copy"} {
 		t.Run(readPath, func(t *testing.T) {
 			src := qemu.TempDir(t)
-			canary := filepath.Join(src, "canary.qcow2")
-			qemu.Create(t, "qcow2", canary, "4M")
-			qemu.IO(t, canary, "write -P 0xca 0 4M")
+			canary := qemu.Make(t, filepath.Join(src, "canary.qcow2"), "4M", "write -P 0xca 0 4M")
 			// One contiguous run of data clusters (one host range per
 			// read), and one with zero clusters between data ones
 			// (several ranges per read, gathered in a pipe).
-			one := filepath.Join(src, "one.qcow2")
-			qemu.Create(t, "qcow2", one, "4M")
-			qemu.IO(t, one, "write -P 0x5a 0 4M")
+			qemu.Make(t, filepath.Join(src, "one.qcow2"), "4M", "write -P 0x5a 0 4M")
 			var cmds []string
 			for off := 0; off < 4<<20; off += 128 << 10 {
 				cmds = append(cmds, fmt.Sprintf("write -P 0x5b %d 64k", off))
 			}
-			many := filepath.Join(src, "many.qcow2")
-			qemu.Create(t, "qcow2", many, "4M")
-			qemu.IO(t, many, cmds...)
+			qemu.Make(t, filepath.Join(src, "many.qcow2"), "4M", cmds...)
 			m := harness.Mount(t, src, "--read-path="+readPath)
 			canaryRaw := qemu.ToRaw(t, canary, filepath.Join(t.TempDir(), "canary.raw"))
 
 			for _, name := range []string{"one", "many"} {
-				f, err := os.Open(filepath.Join(m.Dir, name+".raw"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer f.Close()
+				f := harness.Open(t, filepath.Join(m.Dir, name+".raw"))
 				// The data of guest offsets past 1 MiB goes away.
 				img := filepath.Join(src, name+".qcow2")
 				at, e := qemu.L2EntryOffset(t, img, 8)
@@ -75,7 +64,7 @@ func TestHostileShrunkHostFile(t *testing.T) {
 					n, err := f.ReadAt(b, 2<<20)
 					return b[:n], err
 				})
-				if !errIs(err, syscall.EIO) {
+				if !errIs(err, unix.EIO) {
 					t.Errorf("%s: read past the shrunk file: %d bytes, %v; want EIO", name, len(b), err)
 				}
 				if bytes.Contains(b, []byte{0xca, 0xca, 0xca, 0xca}) {
@@ -90,7 +79,7 @@ func TestHostileShrunkHostFile(t *testing.T) {
 					defer g.Close()
 					return io.Copy(io.Discard, g)
 				})
-				if err == nil || !errIs(err, syscall.EIO) {
+				if err == nil || !errIs(err, unix.EIO) {
 					t.Errorf("%s: copying the disk: %d bytes, %v; want EIO (not an early end)", name, n, err)
 				}
 			}
@@ -109,25 +98,16 @@ func TestHostileShrunkHostFile(t *testing.T) {
 // not through the handle, not to the process in it, not to a fresh
 // lookup.
 func TestHostileSwappedFolder(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	outside := t.TempDir()
 	sub := filepath.Join(src, "sub")
 	os.Mkdir(sub, 0o755)
-	inner := filepath.Join(sub, "inner.qcow2")
-	qemu.Create(t, "qcow2", inner, "1M")
-	qemu.IO(t, inner, "write -P 0x11 0 64k")
-	secret := filepath.Join(outside, "inner.qcow2")
-	qemu.Create(t, "qcow2", secret, "1M")
-	qemu.IO(t, secret, "write -P 0xee 0 1M")
+	qemu.Make(t, filepath.Join(sub, "inner.qcow2"), "1M", "write -P 0x11 0 64k")
+	qemu.Make(t, filepath.Join(outside, "inner.qcow2"), "1M", "write -P 0xee 0 1M")
 	os.WriteFile(filepath.Join(outside, "secret.txt"), []byte("OUTSIDE-SECRET"), 0o644)
 	m := harness.Mount(t, src)
 
-	d, err := os.Open(filepath.Join(m.Dir, "sub"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := harness.Open(t, filepath.Join(m.Dir, "sub"))
 	if got := listWithin(t, filepath.Join(m.Dir, "sub"), 10*time.Second); !slices.Contains(got, "inner.raw") {
 		t.Fatalf("sub lists %q", got)
 	}
@@ -276,16 +256,16 @@ var (
 	_ = (gofs.NodeGetattrer)((*stuckFile)(nil))
 )
 
-func (f *stuckFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+func (f *stuckFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, unix.Errno) {
 	return nil, fuse.FOPEN_DIRECT_IO, 0
 }
 
-func (f *stuckFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+func (f *stuckFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, unix.Errno) {
 	f.once.Do(func() { close(f.reached) })
 	select {
 	case <-f.gate:
 	case <-ctx.Done():
-		return nil, syscall.EINTR
+		return nil, unix.EINTR
 	}
 	if off >= int64(len(f.data)) {
 		return fuse.ReadResultData(nil), 0
@@ -293,8 +273,8 @@ func (f *stuckFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, o
 	return fuse.ReadResultData(f.data[off:min(int64(len(f.data)), off+int64(len(dest)))]), 0
 }
 
-func (f *stuckFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFREG | 0o444
+func (f *stuckFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) unix.Errno {
+	out.Mode = unix.S_IFREG | 0o444
 	out.Size = uint64(len(f.data))
 	return 0
 }
@@ -305,11 +285,8 @@ func (f *stuckFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.A
 // answer, a second image in the stuck folder is not needed for them, and
 // once the disk answers the stuck folder is listed too.
 func TestHostileStuckDisk(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
-	img := filepath.Join(t.TempDir(), "stuck.qcow2")
-	qemu.Create(t, "qcow2", img, "1M")
-	qemu.IO(t, img, "write -P 0x71 0 64k")
+	src := harness.SourceDir(t)
+	img := qemu.Make(t, filepath.Join(t.TempDir(), "stuck.qcow2"), "1M", "write -P 0x71 0 64k")
 	data, err := os.ReadFile(img)
 	if err != nil {
 		t.Fatal(err)
@@ -329,7 +306,7 @@ func TestHostileStuckDisk(t *testing.T) {
 	server, err := gofs.Mount(slow, root, &gofs.Options{
 		MountOptions: fuse.MountOptions{FsName: "stuck", DirectMount: true},
 		OnAdd: func(ctx context.Context) {
-			root.AddChild("stuck.qcow2", root.NewPersistentInode(ctx, stuck, gofs.StableAttr{Mode: syscall.S_IFREG}), false)
+			root.AddChild("stuck.qcow2", root.NewPersistentInode(ctx, stuck, gofs.StableAttr{Mode: unix.S_IFREG}), false)
 		},
 	})
 	if err != nil {
