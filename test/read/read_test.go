@@ -10,7 +10,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -26,8 +25,7 @@ import (
 // exposed raw file has exactly the bytes of qemu-img convert -O raw, read
 // sequentially and with many concurrent readers at odd offsets and sizes.
 func TestMountMatchesQemu(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	images := qemu.Matrix(t, src)
 	expect := t.TempDir()
 	for _, im := range images {
@@ -93,10 +91,7 @@ func checkMountMatchesQemu(t *testing.T, src, expect string, images []qemu.Image
 // SEEK_DATA/SEEK_HOLE report them.
 func readThrough(t *testing.T, path string) ([]byte, int64, [][2]int64) {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := harness.Open(t, path)
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
@@ -117,8 +112,7 @@ func readThrough(t *testing.T, path string) ([]byte, int64, [][2]int64) {
 // previous open (the kernel's page cache, L2 tables, decompressed
 // clusters, the hole index).
 func TestServedFreshAfterChange(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	work := t.TempDir()
 	plain := filepath.Join(src, "plain.qcow2")
 	qemu.Create(t, "qcow2", plain, "8M", "-o", "cluster_size=4096")
@@ -128,17 +122,12 @@ func TestServedFreshAfterChange(t *testing.T) {
 	qemu.Run(t, "qemu-io", "-f", "raw", "-c", "write -P 0x33 0 3M", raw)
 	packed := filepath.Join(src, "packed.qcow2")
 	qemu.Img(t, "convert", "-q", "-c", "-O", "qcow2", raw, packed)
-	other := filepath.Join(work, "other.qcow2")
-	qemu.Create(t, "qcow2", other, "6M")
-	qemu.IO(t, other, "write -P 0x44 1M 2M")
+	other := qemu.Make(t, filepath.Join(work, "other.qcow2"), "6M", "write -P 0x44 1M 2M")
 
 	m := harness.Mount(t, src)
 	check := func(what, image, name string) {
 		t.Helper()
-		want, err := os.ReadFile(qemu.ToRaw(t, image, filepath.Join(work, name+".expect")))
-		if err != nil {
-			t.Fatal(err)
-		}
+		want := qemu.RawBytes(t, image)
 		got, size, runs := readThrough(t, filepath.Join(m.Dir, name+".raw"))
 		if size != int64(len(want)) {
 			t.Fatalf("%s: %s.raw is %d bytes, qemu says %d", what, name, size, len(want))
@@ -182,11 +171,8 @@ func TestServedFreshAfterChange(t *testing.T) {
 // bytes; the oracle is a copy of the image reverted to the snapshot with
 // qemu-img snapshot -a.
 func TestSnapshotFiles(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
-	vm := filepath.Join(src, "vm.qcow2")
-	qemu.Create(t, "qcow2", vm, "8M")
-	qemu.IO(t, vm, "write -P 0x81 0 1M", "write -P 0x82 5M 64k")
+	src := harness.SourceDir(t)
+	vm := qemu.Make(t, filepath.Join(src, "vm.qcow2"), "8M", "write -P 0x81 0 1M", "write -P 0x82 5M 64k")
 	qemu.Img(t, "snapshot", "-c", "first", vm)
 	qemu.IO(t, vm, "write -P 0x83 512k 1M", "write -z 5M 4k")
 	qemu.Img(t, "resize", "-q", vm, "12M")
@@ -245,19 +231,11 @@ func TestEncryptedThroughMount(t *testing.T) {
 	for _, e := range images {
 		t.Run(e.Name, func(t *testing.T) {
 			p := filepath.Join(m.Dir, e.Name+".raw")
-			f, err := os.Open(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			st, _ := f.Stat()
-			runs := harness.SeekRuns(t, f, st.Size())
+			runs := harness.FileRuns(t, p)
 			raw := e.ToRaw(t, filepath.Join(out, e.Name+".raw"))
 			defer os.Remove(raw)
 			e.CheckHoles(t, runs, raw)
-			if b, err := exec.Command("cmp", p, raw).CombinedOutput(); err != nil {
-				t.Fatalf("cmp: %v\n%s", err, b)
-			}
+			harness.WantOK(t, "cmp", harness.Exec(t, "cmp", p, raw))
 
 			// info, with the key (the image opened), as qemu-img
 			// info prints it; and its encrypt block as qemu's with

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -31,8 +30,7 @@ func clusterSize(t *testing.T, image string) int64 {
 // each out with cp --sparse=always and checks bytes and allocation; and
 // checks st_blocks against the data the walk found.
 func TestSeekThroughMount(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	images := qemu.StatusMatrix(t, src)
 	m := harness.Mount(t, src)
 	out := t.TempDir()
@@ -40,13 +38,7 @@ func TestSeekThroughMount(t *testing.T) {
 	for _, im := range images {
 		t.Run(im.Name, func(t *testing.T) {
 			p := filepath.Join(m.Dir, im.Name+".raw")
-			f, err := os.Open(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			st, _ := f.Stat()
-			runs := harness.SeekRuns(t, f, st.Size())
+			runs := harness.FileRuns(t, p)
 			qemu.CheckHoles(t, im.Path, runs) // before anything reads the data
 
 			var data int64
@@ -56,20 +48,18 @@ func TestSeekThroughMount(t *testing.T) {
 			// st_blocks becomes the exact data size once the daemon
 			// has counted it in the background.
 			harness.WaitFor(t, "st_blocks to reflect the data", 10*time.Second, func() bool {
-				var st syscall.Stat_t
-				syscall.Stat(p, &st)
+				var st unix.Stat_t
+				unix.Stat(p, &st)
 				return st.Blocks == (data+511)/512
 			})
 
 			// cp --sparse=always: same bytes as qemu, and no more
 			// allocated than the data plus a cluster per extent.
 			copyPath := filepath.Join(out, im.Name+".raw")
-			if b, err := exec.Command("cp", "--sparse=always", p, copyPath).CombinedOutput(); err != nil {
-				t.Fatalf("cp: %v %s", err, b)
-			}
+			harness.WantOK(t, "cp", harness.Exec(t, "cp", "--sparse=always", p, copyPath))
 			harness.SameFile(t, copyPath, qemu.ToRaw(t, im.Path, filepath.Join(out, im.Name+".qemu")))
-			var cst syscall.Stat_t
-			syscall.Stat(copyPath, &cst)
+			var cst unix.Stat_t
+			unix.Stat(copyPath, &cst)
 			limit := data + int64(len(runs))*max(clusterSize(t, im.Path), 4096)
 			if got := cst.Blocks * 512; got > limit {
 				t.Errorf("the sparse copy allocates %d bytes; the data is %d bytes in %d extents", got, data, len(runs))
@@ -88,8 +78,7 @@ func TestSeekThroughMount(t *testing.T) {
 // cluster, at and past the end, on a disk with no data; other whence
 // values behave as on any file.
 func TestSeekEdgesThroughMount(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	odd := filepath.Join(src, "odd.qcow2")
 	qemu.Create(t, "qcow2", odd, "10000000") // not a multiple of 64 KiB
 	qemu.IO(t, odd, "write -P 7 9960000 40000")
@@ -102,11 +91,7 @@ func TestSeekEdgesThroughMount(t *testing.T) {
 	}
 	m := harness.Mount(t, src)
 
-	f, err := os.Open(filepath.Join(m.Dir, "odd.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f := harness.Open(t, filepath.Join(m.Dir, "odd.raw"))
 	fd := int(f.Fd())
 	st, _ := f.Stat() // qemu-img rounds the size up to a multiple of 512
 	size := st.Size()
@@ -133,11 +118,7 @@ func TestSeekEdgesThroughMount(t *testing.T) {
 		}
 	}
 
-	e, err := os.Open(filepath.Join(m.Dir, "empty.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := harness.Open(t, filepath.Join(m.Dir, "empty.raw"))
 	if _, err := unix.Seek(int(e.Fd()), 0, unix.SEEK_DATA); !errors.Is(err, unix.ENXIO) {
 		t.Errorf("SEEK_DATA on a disk without data: %v, want ENXIO", err)
 	}
@@ -176,10 +157,7 @@ func TestBitmapViews(t *testing.T) {
 	_, _, dirOff, _ := qemu.BitmapDirectory(t, img)
 	qemu.PatchU(t, img, dirOff+12, 4, 3) // stale: in_use, auto
 	qemu.Create(t, "qcow2", filepath.Join(src, "plain.qcow2"), "1M")
-	disk, err := os.ReadFile(qemu.ToRaw(t, img, filepath.Join(t.TempDir(), "vm.raw")))
-	if err != nil {
-		t.Fatal(err)
-	}
+	disk := qemu.RawBytes(t, img)
 	want := map[string][][2]int64{}
 	for _, name := range []string{"daily", "fine", "we/ird%"} {
 		want[name] = qemu.DirtyRanges(t, img, name)
@@ -199,13 +177,9 @@ func TestBitmapViews(t *testing.T) {
 	for name, dirty := range want {
 		t.Run(strings.ReplaceAll(name, "/", "_"), func(t *testing.T) {
 			view := filepath.Join(views, strings.ReplaceAll(strings.ReplaceAll(name, "%", "%25"), "/", "%2F")+".raw")
-			f, err := os.Open(view)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			var st syscall.Stat_t
-			if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+			f := harness.Open(t, view)
+			var st unix.Stat_t
+			if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 				t.Fatal(err)
 			}
 			var n int64
@@ -233,14 +207,10 @@ func TestBitmapViews(t *testing.T) {
 			// A backup copies the view: it reads the dirty bytes and
 			// nothing else (the disk's file, held open, keeps the
 			// image's counters).
-			hold, err := os.Open(filepath.Join(m.Dir, "vm.raw"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer hold.Close()
+			harness.Open(t, filepath.Join(m.Dir, "vm.raw"))
 			st0, _ := harness.StatusOf(t, m.Dir)
 			out := filepath.Join(t.TempDir(), "incr.raw")
-			harness.WantOK(t, "cp", harness.RunCmd(t, exec.Command("cp", "--sparse=always", view, out)))
+			harness.WantOK(t, "cp", harness.Exec(t, "cp", "--sparse=always", view, out))
 			st1, _ := harness.StatusOf(t, m.Dir)
 			e0, e1 := st0.OpenEntry(img), st1.OpenEntry(img)
 			if e0 == nil || e1 == nil {
