@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -31,8 +30,7 @@ import (
 // the server. Images whose data file qemu recorded as an absolute local
 // path are refused: a remote image never gets a local file opened.
 func TestRemoteHTTPMatchesQemu(t *testing.T) {
-	harness.RequireFUSE(t)
-	root := qemu.TempDir(t)
+	root := harness.SourceDir(t)
 	src := filepath.Join(root, "m")
 	if err := os.Mkdir(src, 0o755); err != nil {
 		t.Fatal(err)
@@ -65,13 +63,7 @@ func TestRemoteHTTPMatchesQemu(t *testing.T) {
 			// lseek answers as qemu's block status of the URL (its
 			// curl driver): a remote object has no host holes, so
 			// every allocated cluster is data.
-			rf, err := os.Open(got)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer rf.Close()
-			st, _ := rf.Stat()
-			if r, q := harness.SeekRuns(t, rf, st.Size()), qemu.DataRuns(t, url); !reflect.DeepEqual(r, q) {
+			if r, q := harness.FileRuns(t, got), qemu.DataRuns(t, url); !reflect.DeepEqual(r, q) {
 				t.Errorf("lseek data runs through the mount %v; qemu-img map of the URL %v", r, q)
 			}
 		})
@@ -93,9 +85,7 @@ func makeChain(t testing.TB, dir string) string {
 	if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	base := filepath.Join(dir, "base.qcow2")
-	qemu.Create(t, "qcow2", base, "64M")
-	qemu.IO(t, base, "write -P 0x11 0 1M", "write -P 0x22 10M 3M", "write -P 0x23 40M 64k")
+	qemu.Make(t, filepath.Join(dir, "base.qcow2"), "64M", "write -P 0x11 0 1M", "write -P 0x22 10M 3M", "write -P 0x23 40M 64k")
 	top := filepath.Join(dir, "sub", "top.qcow2")
 	qemu.Create(t, "qcow2", top, "64M", "-b", "../base.qcow2", "-F", "qcow2")
 	qemu.IO(t, top, "write -P 0x33 512k 1M", "write -z 11M 64k", "write -P 0x34 60M 100000")
@@ -107,8 +97,7 @@ func makeChain(t testing.TB, dir string) string {
 // bytes are qemu's; without it the mount fails with a certificate error
 // and leaves nothing mounted. qcowfs info, map and check read the same URL.
 func TestRemoteHTTPS(t *testing.T) {
-	harness.RequireFUSE(t)
-	root := qemu.TempDir(t)
+	root := harness.SourceDir(t)
 	top := makeChain(t, root)
 	ng := servers.StartNginx(t, root, true)
 	url := ng.URL + "/sub/top.qcow2"
@@ -177,9 +166,7 @@ func TestRemoteHTTPS(t *testing.T) {
 func TestRemoteInfoMatchesQemu(t *testing.T) {
 	qemu.Require(t, "qemu-img", "qemu-io")
 	root := qemu.TempDir(t)
-	base := filepath.Join(root, "base.qcow2")
-	qemu.Create(t, "qcow2", base, "64M")
-	qemu.IO(t, base, "write -P 0x11 0 1M", "write -P 0x22 10M 3M")
+	qemu.Make(t, filepath.Join(root, "base.qcow2"), "64M", "write -P 0x11 0 1M", "write -P 0x22 10M 3M")
 	top := filepath.Join(root, "top.qcow2")
 	qemu.Create(t, "qcow2", top, "64M", "-b", "base.qcow2", "-F", "qcow2")
 	qemu.IO(t, top, "write -P 0x33 512k 1M", "write -z 11M 64k")
@@ -200,8 +187,7 @@ func TestRemoteInfoMatchesQemu(t *testing.T) {
 // --allow-backing-outside naming the local folder; --writable without
 // --overlay is refused with a remote source (its writes go to overlays).
 func TestRemoteNoLocalFiles(t *testing.T) {
-	harness.RequireFUSE(t)
-	root := qemu.TempDir(t)
+	root := harness.SourceDir(t)
 	if err := os.Mkdir(filepath.Join(root, "m"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -228,22 +214,17 @@ func TestRemoteNoLocalFiles(t *testing.T) {
 // the image file allocates: holes are answered from metadata, and no data
 // range is fetched twice.
 func TestRemoteSparseCopy(t *testing.T) {
-	harness.RequireFUSE(t)
-	root := qemu.TempDir(t)
-	img := filepath.Join(root, "sparse.qcow2")
-	qemu.Create(t, "qcow2", img, "1G")
-	qemu.IO(t, img, "write -P 0x41 0 1M", "write -P 0x42 300M 2M", "write -P 0x43 700M 512k", "write -P 0x44 1023M 64k")
-	var st syscall.Stat_t
-	if err := syscall.Stat(img, &st); err != nil {
+	root := harness.SourceDir(t)
+	img := qemu.Make(t, filepath.Join(root, "sparse.qcow2"), "1G", "write -P 0x41 0 1M", "write -P 0x42 300M 2M", "write -P 0x43 700M 512k", "write -P 0x44 1023M 64k")
+	var st unix.Stat_t
+	if err := unix.Stat(img, &st); err != nil {
 		t.Fatal(err)
 	}
 	allocated := st.Blocks * 512
 	ng := servers.StartNginx(t, root, false)
 	m := mountRemote(t, harness.Daemon{}, ng.URL+"/sparse.qcow2")
 	out := filepath.Join(t.TempDir(), "out.raw")
-	if b, err := exec.Command("cp", "--sparse=always", filepath.Join(m.Dir, "sparse.raw"), out).CombinedOutput(); err != nil {
-		t.Fatalf("cp: %v %s", err, b)
-	}
+	harness.WantOK(t, "cp", harness.Exec(t, "cp", "--sparse=always", filepath.Join(m.Dir, "sparse.raw"), out))
 	harness.SameFile(t, out, wantRaw(t, t.TempDir(), img))
 	// The daemon's counters: the mount command's own check of the
 	// image before mounting (its header and tables) is not the copy's.
@@ -259,7 +240,7 @@ func TestRemoteSparseCopy(t *testing.T) {
 			t.Errorf("nginx answered %d to %s %s (Range %q): every request should be a range", a.Status, a.Method, a.URI, a.Range)
 		}
 	}
-	if err := syscall.Stat(out, &st); err != nil {
+	if err := unix.Stat(out, &st); err != nil {
 		t.Fatal(err)
 	}
 	if st.Blocks*512 > 4<<20 {
@@ -271,11 +252,8 @@ func TestRemoteSparseCopy(t *testing.T) {
 // server, and nothing else: not the mount table, the daemon's log, its
 // status, or the error of a failed mount.
 func TestRemoteURLCredentials(t *testing.T) {
-	harness.RequireFUSE(t)
-	root := qemu.TempDir(t)
-	img := filepath.Join(root, "vm.qcow2")
-	qemu.Create(t, "qcow2", img, "8M")
-	qemu.IO(t, img, "write -P 0x42 1M 1M")
+	root := harness.SourceDir(t)
+	img := qemu.Make(t, filepath.Join(root, "vm.qcow2"), "8M", "write -P 0x42 1M 1M")
 	ng := servers.StartNginx(t, root, false)
 	const password = "s3cr3t-pa55word"
 	withPass := strings.Replace(ng.URL, "://", "://user:"+password+"@", 1)
@@ -303,10 +281,7 @@ func sameMapped(t *testing.T, file, want string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(file)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := harness.Open(t, file)
 	defer f.Close()
 	if len(w) == 0 {
 		return
@@ -427,8 +402,8 @@ func TestRemoteS3(t *testing.T) {
 // the object count.
 func checkRemoteDf(t *testing.T, dir string, stored int64, objects uint64) {
 	t.Helper()
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
 		t.Fatal(err)
 	}
 	size := int64(st.Blocks) * st.Frsize

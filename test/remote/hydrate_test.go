@@ -33,11 +33,8 @@ import (
 // bytes: the reads never needed the network. A second mount over the same
 // cache folder, meanwhile, hydrates without fetching anything.
 func TestRemoteHydrate(t *testing.T) {
-	harness.RequireFUSE(t)
-	root := qemu.TempDir(t)
-	img := filepath.Join(root, "vm.qcow2")
-	qemu.Create(t, "qcow2", img, "64M")
-	qemu.IO(t, img, "write -P 0x11 0 2M", "write -P 0x22 10M 3M", "write -c -P 0x33 30M 64k", "write -P 0x44 50M 1M")
+	root := harness.SourceDir(t)
+	img := qemu.Make(t, filepath.Join(root, "vm.qcow2"), "64M", "write -P 0x11 0 2M", "write -P 0x22 10M 3M", "write -c -P 0x33 30M 64k", "write -P 0x44 50M 1M")
 	var freed []int64 // host offsets of clusters the discard frees
 	for _, e := range qemu.Map(t, img) {
 		if e.Offset != nil && e.Start < 11<<20+512<<10 && e.Start+e.Length > 11<<20 {
@@ -69,11 +66,7 @@ func TestRemoteHydrate(t *testing.T) {
 	}
 	cache := t.TempDir()
 	m := mountRemote(t, harness.Racy, url, "--cache-dir", cache, "--hydrate")
-	f, err := os.Open(filepath.Join(m.Dir, "vm.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	harness.Open(t, filepath.Join(m.Dir, "vm.raw"))
 	var h harness.Hydration
 	harness.WaitFor(t, "the hydration to complete", 30*time.Second, func() bool {
 		hs := remoteStats(t, m).Hydration
@@ -119,10 +112,7 @@ func TestRemoteHydrate(t *testing.T) {
 	// A second mount of the same version starts warm: its hydration
 	// finds every chunk in the disk cache and fetches nothing.
 	m2 := mountRemote(t, harness.Daemon{}, url, "--cache-dir", cache, "--hydrate")
-	f2, err := os.Open(filepath.Join(m2.Dir, "vm.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f2 := harness.Open(t, filepath.Join(m2.Dir, "vm.raw"))
 	harness.WaitFor(t, "the second hydration to end", 30*time.Second, func() bool {
 		hs := remoteStats(t, m2).Hydration
 		if len(hs) != 1 {
@@ -139,9 +129,7 @@ func TestRemoteHydrate(t *testing.T) {
 
 	ng.Stop()
 	out := filepath.Join(work, "copy.raw")
-	if b, err := exec.Command("cp", "--sparse=always", filepath.Join(m.Dir, "vm.raw"), out).CombinedOutput(); err != nil {
-		t.Fatalf("cp of the hydrated image with nginx stopped: %v %s", err, b)
-	}
+	harness.WantOK(t, "cp", harness.Exec(t, "cp", "--sparse=always", filepath.Join(m.Dir, "vm.raw"), out))
 	harness.SameFile(t, out, want)
 }
 
@@ -152,21 +140,13 @@ func TestRemoteHydrate(t *testing.T) {
 func TestRemoteHydrateS3(t *testing.T) {
 	srv := startS3(t, "hyd")
 	work := qemu.TempDir(t)
-	img := filepath.Join(work, "vm.qcow2")
-	qemu.Create(t, "qcow2", img, "32M")
-	qemu.IO(t, img, "write -P 0x51 1M 3M", "write -c -P 0x52 20M 256k")
-	other := filepath.Join(work, "other.qcow2")
-	qemu.Create(t, "qcow2", other, "8M")
-	qemu.IO(t, other, "write -P 0x53 0 1M")
+	img := qemu.Make(t, filepath.Join(work, "vm.qcow2"), "32M", "write -P 0x51 1M 3M", "write -c -P 0x52 20M 256k")
+	other := qemu.Make(t, filepath.Join(work, "other.qcow2"), "8M", "write -P 0x53 0 1M")
 	putFile(t, srv, "hyd", "p/vm.qcow2", img)
 	putFile(t, srv, "hyd", "p/other.qcow2", other)
 	m := mountRemote(t, harness.Daemon{Env: s3Env(t, srv.Access, srv.Secret)}, "s3://hyd/p/", "--s3-endpoint", srv.Endpoint,
 		"--cache-dir", t.TempDir(), "--hydrate=64M")
-	f, err := os.Open(filepath.Join(m.Dir, "vm.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	harness.Open(t, filepath.Join(m.Dir, "vm.raw"))
 	var hs []harness.Hydration
 	harness.WaitFor(t, "the hydration to complete", 30*time.Second, func() bool {
 		hs = remoteStats(t, m).Hydration
@@ -177,9 +157,7 @@ func TestRemoteHydrateS3(t *testing.T) {
 	}
 	before := remoteStats(t, m).Requests
 	out := filepath.Join(work, "copy.raw")
-	if b, err := exec.Command("cp", "--sparse=always", filepath.Join(m.Dir, "vm.raw"), out).CombinedOutput(); err != nil {
-		t.Fatalf("cp: %v %s", err, b)
-	}
+	harness.WantOK(t, "cp", harness.Exec(t, "cp", "--sparse=always", filepath.Join(m.Dir, "vm.raw"), out))
 	harness.SameFile(t, out, wantRaw(t, t.TempDir(), img))
 	if after := remoteStats(t, m).Requests; after != before {
 		t.Errorf("cp of the hydrated image sent %d requests", after-before)
@@ -212,9 +190,7 @@ func TestRemoteHydrateProgress(t *testing.T) {
 	harness.RequireFUSE(t)
 	qemu.Require(t, "script")
 	root := qemu.TempDir(t)
-	img := filepath.Join(root, "vm.qcow2")
-	qemu.Create(t, "qcow2", img, "16M")
-	qemu.IO(t, img, "write -P 0x61 0 12M")
+	qemu.Make(t, filepath.Join(root, "vm.qcow2"), "16M", "write -P 0x61 0 12M")
 	ng := servers.StartNginx(t, root, false)
 	mnt := t.TempDir()
 	harness.Cleanup(t, mnt)
@@ -235,10 +211,7 @@ func TestRemoteHydrateProgress(t *testing.T) {
 	}
 	defer cmd.Wait()
 	harness.WaitFor(t, "the foreground mount", 10*time.Second, func() bool { return harness.IsMounted(mnt) })
-	f, err := os.Open(filepath.Join(mnt, "vm.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := harness.Open(t, filepath.Join(mnt, "vm.raw"))
 	harness.WaitFor(t, "the progress line to say it is complete", 20*time.Second, func() bool {
 		return strings.Contains(out.String(), "hydrated 1 file: 100.0% of")
 	})
@@ -282,16 +255,10 @@ func TestRemoteHydrateRateWindow(t *testing.T) {
 		window = 10 * time.Second
 	)
 	root := qemu.TempDir(t)
-	img := filepath.Join(root, "vm.qcow2")
-	qemu.Create(t, "qcow2", img, "96M")
-	qemu.IO(t, img, "write -P 0x71 0 80M")
+	qemu.Make(t, filepath.Join(root, "vm.qcow2"), "96M", "write -P 0x71 0 80M")
 	ng := servers.StartNginx(t, root, false)
 	m := mountRemote(t, harness.Daemon{}, ng.URL+"/vm.qcow2", "--cache-dir", t.TempDir(), "--hydrate=4M")
-	f, err := os.Open(filepath.Join(m.Dir, "vm.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	harness.Open(t, filepath.Join(m.Dir, "vm.raw"))
 	// The window starts once the first run is in: the cap's clock has
 	// started, and what the mount and the open fetched is behind it.
 	harness.WaitFor(t, "the hydration's first run", 20*time.Second, func() bool {
@@ -337,9 +304,7 @@ func TestRemoteHydrateReadLatency(t *testing.T) {
 		delay = 20 * time.Millisecond
 	)
 	root := qemu.TempDir(t)
-	img := filepath.Join(root, "vm.qcow2")
-	qemu.Create(t, "qcow2", img, "512M")
-	qemu.IO(t, img, "write -P 0x81 0 512M")
+	qemu.Make(t, filepath.Join(root, "vm.qcow2"), "512M", "write -P 0x81 0 512M")
 	ng := servers.StartNginx(t, root, false)
 	px := servers.NewFaultProxy(t, ng.URL)
 	px.Set(servers.Fault{Kind: servers.Delay, Delay: delay, Rate: link})
@@ -363,10 +328,7 @@ func TestRemoteHydrateReadLatency(t *testing.T) {
 	// hydrates, reads one block to have the L2 table that maps the
 	// region, then times one read at each offset.
 	median := func(m *harness.Mounted, offs []int64, hydrating bool) (time.Duration, []time.Duration) {
-		f, err := os.OpenFile(filepath.Join(m.Dir, "vm.raw"), os.O_RDONLY|syscall.O_DIRECT, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		f := harness.OpenFile(t, filepath.Join(m.Dir, "vm.raw"), os.O_RDONLY|syscall.O_DIRECT)
 		defer f.Close()
 		if hydrating {
 			harness.WaitFor(t, "the hydration to fetch", 20*time.Second, func() bool {
