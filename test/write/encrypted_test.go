@@ -76,18 +76,6 @@ func writeEncStates(t *testing.T, dir string, all []*encState) {
 	}
 }
 
-// notInClear fails the test if the file at path holds b.
-func notInClear(t *testing.T, path string, b []byte) {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(b) > 0 && bytes.Contains(data, b) {
-		t.Errorf("%s holds written data in the clear", path)
-	}
-}
-
 // TestEncryptedWritesThroughMount writes every writable kind of encrypted
 // image through a writable mount with --key-dir (each cipher, mode and IV
 // generator; 512 B and 2 MiB clusters; extended L2; the top of a chain
@@ -98,9 +86,7 @@ func notInClear(t *testing.T, path string, b []byte) {
 // backing files are unchanged. A legacy AES image is shown read-only,
 // with the reason in the log.
 func TestEncryptedWritesThroughMount(t *testing.T) {
-	harness.RequireFUSE(t)
-	qemu.Require(t, "qemu-img", "qemu-io")
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	work := t.TempDir()
 	images := qemu.EncryptedMatrix(t, src, qemu.WriteSpecs())
 	kdir := qemu.KeyDir(t, src, images)
@@ -135,7 +121,7 @@ func TestEncryptedWritesThroughMount(t *testing.T) {
 			os.WriteFile(model, s.model, 0o644)
 			s.e.CompareRaw(t, model)
 			s.e.CheckClean(t)
-			notInClear(t, s.e.Path, s.clear)
+			harness.NotInClear(t, s.e.Path, s.clear)
 		})
 	}
 	for f, sum := range keep {
@@ -154,9 +140,7 @@ func TestEncryptedWritesThroughMount(t *testing.T) {
 // originals are unchanged. A later mount picks the overlays up and
 // reads the model through them.
 func TestEncryptedOverlay(t *testing.T) {
-	harness.RequireFUSE(t)
-	qemu.Require(t, "qemu-img", "qemu-io")
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	work := t.TempDir()
 	images := qemu.EncryptedMatrix(t, src, []qemu.LUKSSpec{{Cipher: "twofish-128", Mode: "cbc", Ivgen: "essiv", IvgenHash: "sha256", Hash: "sha512"}})
 	kdir := qemu.KeyDir(t, src, images)
@@ -195,7 +179,7 @@ func TestEncryptedOverlay(t *testing.T) {
 			os.WriteFile(model, s.model, 0o644)
 			o.CompareRaw(t, model)
 			o.CheckClean(t)
-			notInClear(t, o.Path, s.clear)
+			harness.NotInClear(t, o.Path, s.clear)
 		})
 	}
 	// Mounted again, the overlays are picked up.
@@ -219,9 +203,7 @@ func TestEncryptedOverlay(t *testing.T) {
 // (force-share, with the secret for it and its backing file) as the
 // model, and the written data is not in the clear.
 func TestEncryptedTempOverlay(t *testing.T) {
-	harness.RequireFUSE(t)
-	qemu.Require(t, "qemu-img", "qemu-io")
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	img := filepath.Join(src, "sub", "vm.qcow2")
 	if err := os.MkdirAll(filepath.Dir(img), 0o755); err != nil {
 		t.Fatal(err)
@@ -232,10 +214,7 @@ func TestEncryptedTempOverlay(t *testing.T) {
 	t.Setenv("TMPDIR", t.TempDir()) // the daemon's throwaway folder
 	m := harness.Mount(t, src, "--writable", "--overlay=temp", "--key-dir", kdir)
 	data := bytes.Repeat([]byte("throwaway overlay, encrypted. "), 3000)
-	f, err := os.OpenFile(filepath.Join(m.Dir, "sub", "vm.raw"), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := harness.OpenFile(t, filepath.Join(m.Dir, "sub", "vm.raw"), os.O_RDWR)
 	if _, err := f.WriteAt(data, 1<<20); err != nil {
 		t.Fatalf("writing through the mount: %v", err)
 	}
@@ -259,7 +238,7 @@ func TestEncryptedTempOverlay(t *testing.T) {
 		t.Fatal(err)
 	}
 	o.CompareRaw(t, raw, "force-share=on", "read-only=on")
-	notInClear(t, o.Path, data[:64])
+	harness.NotInClear(t, o.Path, data[:64])
 	m.Unmount(t)
 	m.NoPanics(t)
 }

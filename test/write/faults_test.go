@@ -18,7 +18,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -95,11 +94,7 @@ func TestENOSPC(t *testing.T) {
 
 			m := harness.Mount(t, src, "--writable")
 			raw := filepath.Join(m.Dir, "fresh.raw")
-			f, err := os.OpenFile(raw, os.O_RDWR|unix.O_DIRECT, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
+			f := harness.OpenFile(t, raw, os.O_RDWR|unix.O_DIRECT)
 			buf := harness.AlignedBlock(t, 1<<20)
 			model := make([]byte, 64<<20)
 			write := func(off int64, n int, fill byte) error {
@@ -125,7 +120,7 @@ func TestENOSPC(t *testing.T) {
 				}
 				copy(model[off:], buf[:1<<20])
 			}
-			if !errors.Is(werr, syscall.ENOSPC) {
+			if !errors.Is(werr, unix.ENOSPC) {
 				t.Fatalf("writing until the host is full: %v at %d, want ENOSPC", werr, off)
 			}
 			// Space comes back: so do writes.
@@ -204,17 +199,10 @@ func killOffset(seed, seq uint64) int64 {
 }
 
 func TestKillDaemonUnderLoad(t *testing.T) {
-	harness.RequireFUSE(t)
-	const rounds = 20
-	r := rand.New(rand.NewPCG(42, 42))
-	for round := 0; round < rounds; round++ {
-		t.Run(fmt.Sprint(round), func(t *testing.T) {
-			src := qemu.TempDir(t)
-			img := filepath.Join(src, "vm.qcow2")
-			qemu.Create(t, "qcow2", img, "1G")
-			killRound(t, r, round, killImage{path: img})
-		})
-	}
+	killRounds(t, 20, 42, func(t *testing.T, img string) killImage {
+		qemu.Create(t, "qcow2", img, "1G")
+		return killImage{path: img}
+	})
 }
 
 // TestKillEncrypted is the kill -9 test on a LUKS-encrypted image
@@ -222,18 +210,23 @@ func TestKillDaemonUnderLoad(t *testing.T) {
 // with the secret finds no corruption, qemu-img convert with it reads
 // every acknowledged record, and the image mounts and writes again.
 func TestKillEncrypted(t *testing.T) {
+	killRounds(t, 6, 35, func(t *testing.T, img string) killImage {
+		qemu.CreateLUKS(t, img, "kill -9 pass", "1G", "")
+		key := filepath.Join(t.TempDir(), "key")
+		os.WriteFile(key, []byte("kill -9 pass"), 0o600)
+		e := qemu.EncImage{Name: "vm", Path: img, Secrets: map[string]string{"vm.qcow2": "kill -9 pass"}, Chain: []string{"vm.qcow2"}}
+		return killImage{path: img, enc: &e, args: []string{"--key-file", key}}
+	})
+}
+
+// killRounds runs rounds kill rounds (killRound), each on a fresh 1 GiB
+// image vm.qcow2 that mk makes at img, its offsets drawn from seed.
+func killRounds(t *testing.T, rounds int, seed uint64, mk func(t *testing.T, img string) killImage) {
 	harness.RequireFUSE(t)
-	const rounds = 6
-	r := rand.New(rand.NewPCG(35, 35))
-	for round := 0; round < rounds; round++ {
+	r := rand.New(rand.NewPCG(seed, seed))
+	for round := range rounds {
 		t.Run(fmt.Sprint(round), func(t *testing.T) {
-			src := qemu.TempDir(t)
-			img := filepath.Join(src, "vm.qcow2")
-			qemu.CreateLUKS(t, img, "kill -9 pass", "1G", "")
-			key := filepath.Join(t.TempDir(), "key")
-			os.WriteFile(key, []byte("kill -9 pass"), 0o600)
-			e := qemu.EncImage{Name: "vm", Path: img, Secrets: map[string]string{"vm.qcow2": "kill -9 pass"}, Chain: []string{"vm.qcow2"}}
-			killRound(t, r, round, killImage{path: img, enc: &e, args: []string{"--key-file", key}})
+			killRound(t, r, round, mk(t, filepath.Join(qemu.TempDir(t), "vm.qcow2")))
 		})
 	}
 }
@@ -249,9 +242,9 @@ type killImage struct {
 // check runs qemu-img check on the image (with its secret).
 func (k killImage) check(t *testing.T) harness.Result {
 	if k.enc != nil {
-		return harness.RunCmd(t, exec.Command("qemu-img", k.enc.Args(t, "check")...))
+		return harness.Exec(t, "qemu-img", k.enc.Args(t, "check")...)
 	}
-	return harness.RunCmd(t, exec.Command("qemu-img", "check", k.path))
+	return harness.Exec(t, "qemu-img", "check", k.path)
 }
 
 // toRaw converts the image with qemu-img convert (with its secret).
@@ -273,17 +266,11 @@ func killRound(t *testing.T, r *rand.Rand, round int, k killImage) {
 		args = append(args, "--no-writeback-cache")
 	}
 	m := harness.Mount(t, src, args...)
-	daemons := harness.Daemons(t, m.Dir)
-	if len(daemons) != 1 {
-		t.Fatalf("want one daemon, have %v", daemons)
-	}
+	daemon := harness.DaemonOf(t, m.Dir)
 	ackLog := filepath.Join(t.TempDir(), "acked")
 	seed := uint64(round)
 	// The writer runs as its own process: this test's.
-	f, err := os.OpenFile(filepath.Join(m.Dir, "vm.raw"), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := harness.OpenFile(t, filepath.Join(m.Dir, "vm.raw"), os.O_RDWR)
 	ack, err := os.OpenFile(ackLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
@@ -311,7 +298,7 @@ func killRound(t *testing.T, r *rand.Rand, round int, k killImage) {
 	// The kill comes at a random moment (this is the fault
 	// injected, not a wait for anything).
 	time.Sleep(time.Duration(50+r.IntN(700)) * time.Millisecond)
-	syscall.Kill(daemons[0], syscall.SIGKILL)
+	unix.Kill(daemon, unix.SIGKILL)
 	var acked uint64
 	select {
 	case acked = <-done:
@@ -352,10 +339,7 @@ func killRound(t *testing.T, r *rand.Rand, round int, k killImage) {
 
 	// It mounts and writes again.
 	m2 := harness.Mount(t, src, append([]string{"--writable"}, k.args...)...)
-	g, err := os.OpenFile(filepath.Join(m2.Dir, "vm.raw"), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := harness.OpenFile(t, filepath.Join(m2.Dir, "vm.raw"), os.O_RDWR)
 	if _, err := g.WriteAt(killRecordAt(1<<40, 0), 0); err != nil {
 		t.Fatal(err)
 	}
