@@ -391,16 +391,23 @@ func TestCrashConsistency(t *testing.T) {
 	}
 }
 
-func runCrashWorkload(t *testing.T, wl crashWorkload, random int) crashResult {
-	dir := crashDir(t)
-	base := t.TempDir()
+// setUp makes wl's image in a crash folder (dir) and keeps a copy of the
+// files the workload writes in base; it returns them with what qemu-img
+// convert reads of the image before the workload, and its operations.
+func (wl crashWorkload) setUp(t *testing.T) (dir, base, image string, written []string, initial []byte, ops []qemu.Op) {
+	t.Helper()
+	dir, base = crashDir(t), t.TempDir()
 	image, written, cs := wl.make(t, dir)
 	initial, err := os.ReadFile(crashRaw(t, image, filepath.Join(base, "initial.raw")))
 	if err != nil {
 		t.Fatal(err)
 	}
 	copyFiles(t, dir, base, written)
-	ops := wl.ops(int64(len(initial)), cs)
+	return dir, base, image, written, initial, wl.ops(int64(len(initial)), cs)
+}
+
+func runCrashWorkload(t *testing.T, wl crashWorkload, random int) crashResult {
+	dir, base, image, written, initial, ops := wl.setUp(t)
 
 	// The workload, logged.
 	log := &writeLog{}
@@ -599,15 +606,7 @@ func TestInjectedErrors(t *testing.T) {
 			}
 		}
 		t.Run(name, func(t *testing.T) {
-			dir := crashDir(t)
-			base := t.TempDir()
-			image, written, cs := wl.make(t, dir)
-			initial, err := os.ReadFile(crashRaw(t, image, filepath.Join(base, "initial.raw")))
-			if err != nil {
-				t.Fatal(err)
-			}
-			copyFiles(t, dir, base, written)
-			ops := wl.ops(int64(len(initial)), cs)
+			dir, base, image, written, initial, ops := wl.setUp(t)
 			h := &sectorHistory{initial: initial, ops: ops, data: map[int][]byte{}}
 
 			// run runs the workload failing I/O failAt (0: none) and
@@ -625,18 +624,8 @@ func TestInjectedErrors(t *testing.T) {
 				}
 				var sawErr bool
 				for _, op := range ops {
-					var err error
-					switch op.Kind {
-					case qemu.OpWrite:
-						_, err = img.WriteAt(op.Data(), op.Off)
-					case qemu.OpDiscard:
-						err = img.Discard(op.Off, op.Len)
-					case qemu.OpZero:
-						err = img.WriteZeroes(op.Off, op.Len)
-					case qemu.OpResize:
-						err = img.Resize(op.Off)
-					case qemu.OpFlush:
-						err = img.Flush()
+					err := applyOp(img, op)
+					if op.Kind == qemu.OpFlush {
 						if err == nil && sawErr && log.failedE.kind != logAllocate {
 							t.Fatalf("fail at I/O %d: flush %d succeeded after an error", failAt, op.N)
 						}

@@ -55,6 +55,13 @@ func openWritable(t *testing.T, path string) *qcow2.Image {
 // apply applies op to img, failing the test on an error.
 func apply(t *testing.T, img *qcow2.Image, op qemu.Op) {
 	t.Helper()
+	if err := applyOp(img, op); err != nil {
+		t.Fatalf("%v: %v", op, err)
+	}
+}
+
+// applyOp applies op to img.
+func applyOp(img *qcow2.Image, op qemu.Op) error {
 	var err error
 	switch op.Kind {
 	case qemu.OpWrite:
@@ -68,9 +75,7 @@ func apply(t *testing.T, img *qcow2.Image, op qemu.Op) {
 	case qemu.OpFlush:
 		err = img.Flush()
 	}
-	if err != nil {
-		t.Fatalf("%v: %v", op, err)
-	}
+	return err
 }
 
 // qemuCheck runs qemu-img check and fails the test on any error, leak or

@@ -11,12 +11,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/qcowfs/qcowfs/internal/qemuimg"
 	"github.com/qcowfs/qcowfs/qcow2"
@@ -24,68 +21,17 @@ import (
 )
 
 // A run is what one qemu-img command, or its counterpart here, did.
-type run struct {
-	stdout, stderr string
-	code           int // the exit status
-}
-
-// qemuImg runs qemu-img with args.
-func qemuImg(t *testing.T, args ...string) run {
-	t.Helper()
-	var stdout, stderr bytes.Buffer
-	cmd := exec.Command("qemu-img", args...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if err != nil && !errors.As(err, &ee) {
-		t.Fatalf("qemu-img %s: %v", strings.Join(args, " "), err)
-	}
-	return run{stdout.String(), stderr.String(), cmd.ProcessState.ExitCode()}
-}
+type run = qemu.Output
 
 // failed is our run for an image that did not open: status 1, with a
 // reason (which is ours, not qemu's, to word).
-func failed(err error) run { return run{stderr: "qemu-img: " + err.Error() + "\n", code: 1} }
+func failed(err error) run { return run{Stderr: "qemu-img: " + err.Error() + "\n", Code: 1} }
 
-// same fails t unless us did what q did: the same status and stdout, and
-// the same stderr unless qemu-img could not open the image (then both
-// say something).
+// same fails t unless us did what q did (qemu.SameOutput: our messages
+// start with "qemu-img: " here, as the command's own prefix is not ours).
 func same(t *testing.T, what string, q, us run) {
 	t.Helper()
-	if q.code != us.code {
-		t.Errorf("%s: we exit %d, qemu-img %d\nqemu-img: %s\nwe:       %s", what, us.code, q.code, q.stderr, us.stderr)
-		return
-	}
-	if d := diff(q.stdout, us.stdout); d != "" {
-		t.Errorf("%s: we print something else than qemu-img, from %s", what, d)
-	}
-	if strings.Contains(q.stderr, "Could not open") {
-		if (q.stderr == "") != (us.stderr == "") {
-			t.Errorf("%s: stderr: qemu-img %q, we %q", what, q.stderr, us.stderr)
-		}
-		return
-	}
-	if d := diff(q.stderr, us.stderr); d != "" {
-		t.Errorf("%s: we say something else than qemu-img on stderr, from %s", what, d)
-	}
-}
-
-// diff reports the first line where a and b differ.
-func diff(a, b string) string {
-	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
-	for i := range max(len(al), len(bl)) {
-		var x, y string
-		if i < len(al) {
-			x = al[i]
-		}
-		if i < len(bl) {
-			y = bl[i]
-		}
-		if x != y {
-			return fmt.Sprintf("line %d:\nqemu-img: %q\nwe:       %q", i+1, x, y)
-		}
-	}
-	return ""
+	qemu.SameOutput(t, what, "qemu-img: ", q, us)
 }
 
 // openRaw opens path as a raw file, as qemu-img given format ("" to
@@ -157,7 +103,7 @@ func info(t *testing.T, path, format string, chain, json bool) run {
 			must(t, qemuimg.WriteInfo(&out, v))
 		}
 	}
-	return run{stdout: out.String()}
+	return run{Stdout: out.String()}
 }
 
 // mapOf prints what qemu-img map [-f format] --start-offset=start
@@ -187,10 +133,10 @@ func mapOf(t *testing.T, path, format string, start, length int64, json bool) ru
 	var out bytes.Buffer
 	if err := qemuimg.WriteMap(&out, walk, o); err != nil {
 		r := failed(err)
-		r.stdout = out.String()
+		r.Stdout = out.String()
 		return r
 	}
-	return run{stdout: out.String()}
+	return run{Stdout: out.String()}
 }
 
 // checkOf prints what qemu-img check [-f format] prints, and exits as it
@@ -199,7 +145,7 @@ func checkOf(t *testing.T, path, format string, json bool) run {
 	if f, _, err := openRaw(t, path, format); err != nil {
 		return failed(err)
 	} else if f != nil {
-		return run{stderr: "qemu-img: " + qemuimg.ErrNoChecks.Error() + "\n", code: qemuimg.StatusNoChecks}
+		return run{Stderr: "qemu-img: " + qemuimg.ErrNoChecks.Error() + "\n", Code: qemuimg.StatusNoChecks}
 	}
 	img, err := qcow2.Open(path, qcow2.Options{Cache: qcow2.NewCache(qcow2.DefaultCacheSize, 1<<20), AllowCorrupt: true, LenientTables: true})
 	if err != nil {
@@ -219,7 +165,7 @@ func checkOf(t *testing.T, path, format string, json bool) run {
 	} else {
 		qemuimg.WriteCheck(&out, res)
 	}
-	return run{out.String(), messages.String(), qemuimg.CheckStatus(res)}
+	return run{Stdout: out.String(), Stderr: messages.String(), Code: qemuimg.CheckStatus(res)}
 }
 
 func must(t *testing.T, err error) {
@@ -229,24 +175,13 @@ func must(t *testing.T, err error) {
 	}
 }
 
-// images is the test matrix (qemu.StatusMatrix) and images for the fields
-// and forms the matrix lacks: dirty and corrupt bits, bitmaps (one without
-// flags: an empty list; one in use), encryption, raw files, a name that JSON must
-// escape, zstd with 1-bit refcounts and an absolute backing name, files
-// too short to be qcow2, a missing backing file.
+// images is the test matrix (qemu.StatusMatrix), the images for the fields
+// and forms the matrix lacks (qemu.FormImages), and bitmaps (one without
+// flags: an empty list; one in use).
 func images(t *testing.T, dir string) []qemu.Image {
 	images := qemu.StatusMatrix(t, dir)
+	images = append(images, qemu.FormImages(t, dir, images[0].Path)...)
 	add := func(name, path string) { images = append(images, qemu.Image{Name: name, Path: path}) }
-	dirty := filepath.Join(dir, "dirty.qcow2")
-	qemu.Create(t, "qcow2", dirty, "1M", "-o", "lazy_refcounts=on")
-	qemu.IO(t, dirty, "write -P 0x12 0 4k")
-	qemu.SetIncompatible(t, dirty, 1)
-	add("dirty", dirty)
-	corrupt := filepath.Join(dir, "corrupt.qcow2")
-	qemu.Create(t, "qcow2", corrupt, "1M")
-	qemu.IO(t, corrupt, "write -P 0x12 0 4k")
-	qemu.SetIncompatible(t, corrupt, 2)
-	add("corrupt", corrupt)
 	bitmaps := filepath.Join(dir, "bitmaps.qcow2")
 	qemu.Create(t, "qcow2", bitmaps, "16M")
 	qemu.Img(t, "bitmap", "--add", bitmaps, "on")
@@ -261,46 +196,7 @@ func images(t *testing.T, dir string) []qemu.Image {
 	_, _, dirOff, _ := qemu.BitmapDirectory(t, inUse)
 	qemu.PatchU(t, inUse, dirOff+12, 4, 3) // the first bitmap's flags: in_use, auto
 	add("bitmaps-in-use", inUse)
-	for _, format := range []string{"luks", "aes"} {
-		p := filepath.Join(dir, format+".qcow2")
-		qemu.CreateEncrypted(t, p, format)
-		add(format, p)
-	}
-	odd := filepath.Join(dir, "odd size.raw")
-	must(t, os.WriteFile(odd, bytes.Repeat([]byte("raw!"), 2500), 0o644))
-	add("raw-odd-size", odd)
-	sparse := filepath.Join(dir, "sparse.raw")
-	qemu.Create(t, "raw", sparse, "3M")
-	add("raw-sparse", sparse)
-	strange := filepath.Join(dir, `vm "ü" \ 東.qcow2`)
-	qemu.Create(t, "qcow2", strange, "1M", "-b", filepath.Base(images[0].Path), "-F", "qcow2")
-	add("strange-name", strange)
-	zstd := filepath.Join(dir, "zstd.qcow2")
-	qemu.Create(t, "qcow2", zstd, "3M", "-o", "compression_type=zstd,refcount_bits=1,extended_l2=on,cluster_size=16384", "-b", images[0].Path, "-F", "qcow2")
-	add("zstd", zstd)
-	head, err := os.ReadFile(images[0].Path)
-	must(t, err)
-	for _, n := range []int{4, 7, 8} {
-		p := filepath.Join(dir, fmt.Sprintf("short-%d.qcow2", n))
-		must(t, os.WriteFile(p, head[:n], 0o644))
-		add(fmt.Sprintf("short-%d", n), p)
-	}
-	orphan := filepath.Join(dir, "orphan.qcow2")
-	qemu.Img(t, "create", "-q", "-u", "-f", "qcow2", "-b", "gone.qcow2", "-F", "qcow2", orphan, "1M")
-	add("orphan", orphan)
 	return images
-}
-
-// dropCache drops the page cache of path: qemu's block status asks
-// lseek(SEEK_DATA), which on ext4 counts cached pages over unwritten
-// extents as data, where qcow2 asks FIEMAP; so that whatever read the
-// image before does not decide what qemu says.
-func dropCache(path string) {
-	if f, err := os.Open(path); err == nil {
-		f.Sync()
-		unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
-		f.Close()
-	}
 }
 
 // TestMatchesQemu: for every image of the test matrix and the images
@@ -361,7 +257,7 @@ func sameInfo(t *testing.T, path string) {
 						args = append(args, "--output=json")
 					}
 					args = append(args, name)
-					same(t, strings.Join(args, " "), qemuImg(t, args...), info(t, name, format, chain, json))
+					same(t, strings.Join(args, " "), qemu.ImgOutput(t, args...), info(t, name, format, chain, json))
 				}
 			}
 		}
@@ -386,8 +282,8 @@ func sameMap(t *testing.T, path string) {
 					args = append(args, "--max-length="+fmt.Sprint(r.length))
 				}
 				args = append(args, path)
-				dropCache(path)
-				q := qemuImg(t, args...)
+				qemu.DropCache(path)
+				q := qemu.ImgOutput(t, args...)
 				same(t, strings.Join(args, " "), q, mapOf(t, path, format, r.start, r.length, json))
 			}
 		}
@@ -407,7 +303,7 @@ func sameCheck(t *testing.T, path string) {
 				args = append(args, "--output=json")
 			}
 			args = append(args, path)
-			same(t, strings.Join(args, " "), qemuImg(t, args...), checkOf(t, path, format, json))
+			same(t, strings.Join(args, " "), qemu.ImgOutput(t, args...), checkOf(t, path, format, json))
 		}
 	}
 }
@@ -433,7 +329,7 @@ func bitmapMapOf(t *testing.T, path, name, file string, start, length int64, jso
 	var out bytes.Buffer
 	walk := func(fn func(qcow2.MapEntry) error) error { return qemuimg.BitmapMap(v, file, fn) }
 	must(t, qemuimg.WriteMap(&out, walk, o))
-	return run{stdout: out.String()}
+	return run{Stdout: out.String()}
 }
 
 // bitmapImages are qemu-made images with persistent bitmaps, and the
@@ -493,8 +389,8 @@ func TestBitmapMapMatchesQemu(t *testing.T) {
 							args = append(args, "--max-length="+fmt.Sprint(r.length))
 						}
 						args = append(args, "--image-opts", opts)
-						q := qemuImg(t, args...)
-						q.stdout = strings.ReplaceAll(q.stdout, qemu.NBDFile(opts), path)
+						q := qemu.ImgOutput(t, args...)
+						q.Stdout = strings.ReplaceAll(q.Stdout, qemu.NBDFile(opts), path)
 						same(t, strings.Join(args, " "), q, bitmapMapOf(t, path, name, path, r.start, r.length, json))
 					}
 				}
@@ -513,8 +409,8 @@ func TestBitmapMapMatchesQemu(t *testing.T) {
 		if qemu.ExportsBitmap(t, p, "b") {
 			t.Fatal("qemu-nbd exports a bitmap in use")
 		}
-		if us := bitmapMapOf(t, p, "b", p, 0, -1, true); us.code == 0 {
-			t.Errorf("a bitmap in use is mapped:\n%s", us.stdout)
+		if us := bitmapMapOf(t, p, "b", p, 0, -1, true); us.Code == 0 {
+			t.Errorf("a bitmap in use is mapped:\n%s", us.Stdout)
 		}
 	})
 }

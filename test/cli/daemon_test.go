@@ -46,11 +46,7 @@ func TestCLIDaemonReady(t *testing.T) {
 			t.Errorf("mount source %q, want %q", m.Source, source)
 		}
 		harness.SameFile(t, filepath.Join(mnt, "vm.raw"), raw)
-		harness.WantOK(t, "qcowfs unmount", harness.Run(t, "unmount", mnt))
-		if harness.MountAt(t, mnt) != nil {
-			t.Fatalf("%s still mounted after qcowfs unmount returned", mnt)
-		}
-		harness.WaitGone(t, mnt)
+		harness.WantUnmount(t, mnt)
 	}
 }
 
@@ -147,11 +143,7 @@ func TestForegroundSignals(t *testing.T) {
 	t.Run("busy", func(t *testing.T) {
 		mnt := t.TempDir()
 		p := startForeground(t, src, mnt)
-		f, err := os.Open(filepath.Join(mnt, "vm.raw"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
+		f := harness.Open(t, filepath.Join(mnt, "vm.raw"))
 		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
@@ -213,11 +205,7 @@ func TestUnmount(t *testing.T) {
 	t.Run("busy", func(t *testing.T) {
 		m := harness.Mount(t, src)
 		harness.Cleanup(t, m.Dir)
-		f, err := os.Open(filepath.Join(m.Dir, "vm.raw"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
+		f := harness.Open(t, filepath.Join(m.Dir, "vm.raw"))
 		harness.WantError(t, "qcowfs unmount (busy)", harness.Run(t, "unmount", m.Dir), "busy", "--lazy")
 		if !harness.IsMounted(m.Dir) {
 			t.Fatalf("a refused unmount unmounted %s", m.Dir)
@@ -287,10 +275,7 @@ func TestMountReportsRefused(t *testing.T) {
 	}
 	harness.SameFile(t, filepath.Join(mnt, "good.raw"), goodRaw)
 
-	daemons := harness.Daemons(t, mnt)
-	if len(daemons) != 1 {
-		t.Fatalf("want one daemon, have %v", daemons)
-	}
+	daemon := harness.DaemonOf(t, mnt)
 	r = harness.Run(t, "status", "--output=json", mnt)
 	harness.WantOK(t, "qcowfs status --output=json", r)
 	var st struct {
@@ -302,8 +287,8 @@ func TestMountReportsRefused(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
 		t.Fatalf("qcowfs status --output=json: %v\n%s", err, r.Stdout)
 	}
-	if st.Source != src || st.Mountpoint != mnt || st.PID != daemons[0] || st.Log != logFile || time.Since(st.Started) > time.Minute {
-		t.Errorf("qcowfs status: %+v; want source %s, mountpoint %s, pid %d, log %s, started just now", st, src, mnt, daemons[0], logFile)
+	if st.Source != src || st.Mountpoint != mnt || st.PID != daemon || st.Log != logFile || time.Since(st.Started) > time.Minute {
+		t.Errorf("qcowfs status: %+v; want source %s, mountpoint %s, pid %d, log %s, started just now", st, src, mnt, daemon, logFile)
 	}
 	if len(st.Refused) != len(want) {
 		t.Errorf("qcowfs status lists %d refused images, want %d: %+v", len(st.Refused), len(want), st.Refused)
@@ -315,7 +300,7 @@ func TestMountReportsRefused(t *testing.T) {
 	}
 	r = harness.Run(t, "status", mnt)
 	harness.WantOK(t, "qcowfs status", r)
-	for _, w := range []string{"source:      " + src, "mount point: " + mnt, fmt.Sprintf("pid %d", daemons[0]), "not shown:   3 images", over} {
+	for _, w := range []string{"source:      " + src, "mount point: " + mnt, fmt.Sprintf("pid %d", daemon), "not shown:   3 images", over} {
 		if !strings.Contains(r.Stdout, w) {
 			t.Errorf("qcowfs status does not say %q:\n%s", w, r.Stdout)
 		}
@@ -325,8 +310,7 @@ func TestMountReportsRefused(t *testing.T) {
 	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o600 || fi.Mode()&os.ModeSocket == 0 {
 		t.Errorf("control socket %s: %v, %v; want a socket of mode 0600", sock, fi.Mode(), err)
 	}
-	harness.WantOK(t, "qcowfs unmount", harness.Run(t, "unmount", mnt))
-	harness.WaitGone(t, mnt)
+	harness.WantUnmount(t, mnt)
 	if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("control socket %s left behind after unmount: %v", sock, err)
 	}
@@ -364,17 +348,13 @@ func TestDaemonLogFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.Remove(rotated); os.Remove(logFile) })
-	daemons := harness.Daemons(t, mnt)
-	if len(daemons) != 1 {
-		t.Fatalf("want one daemon, have %v", daemons)
-	}
-	syscall.Kill(daemons[0], syscall.SIGHUP)
+	daemon := harness.DaemonOf(t, mnt)
+	syscall.Kill(daemon, syscall.SIGHUP)
 	harness.WaitFor(t, "the daemon to reopen its log", 10*time.Second, func() bool {
 		b, _ := os.ReadFile(logFile)
 		return strings.Contains(string(b), "log file reopened")
 	})
-	harness.WantOK(t, "qcowfs unmount", harness.Run(t, "unmount", mnt))
-	harness.WaitGone(t, mnt)
+	harness.WantUnmount(t, mnt)
 	now, _ := os.ReadFile(logFile)
 	old, _ := os.ReadFile(rotated)
 	if !strings.Contains(string(now), "msg=unmounted") || strings.Contains(string(old), "msg=unmounted") {
@@ -393,11 +373,8 @@ func TestKilledDaemonRecovery(t *testing.T) {
 	harness.Cleanup(t, mnt)
 	logFile := filepath.Join(t.TempDir(), "log")
 	harness.WantOK(t, "qcowfs mount", harness.Run(t, "mount", "--log-file", logFile, src, mnt))
-	daemons := harness.Daemons(t, mnt)
-	if len(daemons) != 1 {
-		t.Fatalf("want one daemon, have %v", daemons)
-	}
-	syscall.Kill(daemons[0], syscall.SIGKILL)
+	daemon := harness.DaemonOf(t, mnt)
+	syscall.Kill(daemon, syscall.SIGKILL)
 	harness.WaitGone(t, mnt)
 	// (A request the kernel had queued when the connection died fails
 	// with ECONNABORTED instead.)
@@ -411,8 +388,7 @@ func TestKilledDaemonRecovery(t *testing.T) {
 	}
 	harness.WantOK(t, "qcowfs mount again", harness.Run(t, "mount", "--log-file", logFile, src, mnt))
 	harness.SameFile(t, filepath.Join(mnt, "vm.raw"), raw)
-	harness.WantOK(t, "qcowfs unmount", harness.Run(t, "unmount", mnt))
-	harness.WaitGone(t, mnt)
+	harness.WantUnmount(t, mnt)
 }
 
 // TestStatusCounters: qcowfs status, in both formats, lists the images
@@ -422,13 +398,10 @@ func TestKilledDaemonRecovery(t *testing.T) {
 // at least one; once the files are closed, the image is no longer open.
 // The images it refuses are listed with their reason, each named once.
 func TestStatusCounters(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	// Large enough that the kernel's readahead after the first read
 	// does not reach the second.
-	img := filepath.Join(src, "vm.qcow2")
-	qemu.Create(t, "qcow2", img, "256M")
-	qemu.IO(t, img, "write -P 0x5a 0 1M", "write -P 0xa5 200M 1M")
+	img := qemu.Make(t, filepath.Join(src, "vm.qcow2"), "256M", "write -P 0x5a 0 1M", "write -P 0xa5 200M 1M")
 	raw := qemu.ToRaw(t, img, filepath.Join(t.TempDir(), "vm.raw"))
 	corrupt := filepath.Join(src, "corrupt.qcow2")
 	qemu.Create(t, "qcow2", corrupt, "1M")
@@ -446,11 +419,7 @@ func TestStatusCounters(t *testing.T) {
 		t.Errorf("status lists refused %+v; want %s alone, its reason (without its path again) and --allow-corrupt", st.Refused, corrupt)
 	}
 
-	qraw, err := os.Open(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer qraw.Close()
+	qraw := harness.Open(t, raw)
 	// readAt reads n bytes at off of f and checks them against qemu's.
 	readAt := func(f *os.File, off, n int64) {
 		t.Helper()
@@ -465,11 +434,7 @@ func TestStatusCounters(t *testing.T) {
 			t.Fatalf("%s at %d: not the bytes qemu-img convert makes", f.Name(), off)
 		}
 	}
-	f1, err := os.Open(filepath.Join(mnt, "vm.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f1.Close()
+	f1 := harness.Open(t, filepath.Join(mnt, "vm.raw"))
 	const n1 = 1<<20 + 12345
 	readAt(f1, 0, n1)
 	st, out = harness.StatusOf(t, mnt)
@@ -480,11 +445,7 @@ func TestStatusCounters(t *testing.T) {
 
 	// A second open file, reading what the first did not (the kernel
 	// has not cached it): both counters grow.
-	f2, err := os.Open(filepath.Join(mnt, "vm.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f2.Close()
+	f2 := harness.Open(t, filepath.Join(mnt, "vm.raw"))
 	const off2, n2 = 200<<20 - 4096, 512 << 10
 	readAt(f2, off2, n2)
 	st, out = harness.StatusOf(t, mnt)
@@ -534,9 +495,8 @@ func TestStatusCounters(t *testing.T) {
 // an L2 entry places in the L1 table, a write that would land on the
 // refcount table (qemu.Damaged). Both formats; one key style in JSON.
 func TestStatusWritable(t *testing.T) {
-	harness.RequireFUSE(t)
+	src := harness.SourceDir(t)
 	tmpl := qemu.TempDir(t)
-	src := qemu.TempDir(t)
 	for _, im := range qemu.Damaged(t, tmpl) {
 		switch im.Name {
 		case "l2-into-l1":
@@ -555,25 +515,13 @@ func TestStatusWritable(t *testing.T) {
 		t.Errorf("qcowfs status of a fresh writable mount:\n%s", out)
 	}
 
-	fg, err := os.OpenFile(filepath.Join(m.Dir, "good.raw"), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fg.Close()
-	fr, err := os.Open(filepath.Join(m.Dir, "readbad.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fr.Close()
+	harness.OpenFile(t, filepath.Join(m.Dir, "good.raw"), os.O_RDWR)
+	fr := harness.Open(t, filepath.Join(m.Dir, "readbad.raw"))
 	const cs = 65536
 	if _, err := fr.ReadAt(make([]byte, 4096), 2*cs); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("reading data placed in the L1 table: %v, want EIO", err)
 	}
-	fw, err := os.OpenFile(filepath.Join(m.Dir, "writebad.raw"), os.O_RDWR|syscall.O_DIRECT, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fw.Close()
+	fw := harness.OpenFile(t, filepath.Join(m.Dir, "writebad.raw"), os.O_RDWR|syscall.O_DIRECT)
 	buf, err := syscall.Mmap(-1, 0, 4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 	if err != nil {
 		t.Fatal(err)
@@ -585,12 +533,8 @@ func TestStatusWritable(t *testing.T) {
 
 	// qemu's view of the locks: the image open for writing cannot be
 	// read, the one open for reading cannot be written.
-	if out, err := exec.Command("qemu-io", "-r", "-f", "qcow2", "-c", "read 0 4k", good).CombinedOutput(); err == nil || !strings.Contains(string(out), `Failed to get shared "write" lock`) {
-		t.Errorf("qemu-io reading the image open for writing: %v %s; want qemu's lock error", err, out)
-	}
-	if out, err := exec.Command("qemu-io", "-f", "qcow2", "-c", "write 0 4k", readBad).CombinedOutput(); err == nil || !strings.Contains(string(out), `Failed to get "write" lock`) {
-		t.Errorf("qemu-io writing the image open for reading: %v %s; want qemu's lock error", err, out)
-	}
+	qemu.WantLocked(t, `Failed to get shared "write" lock`, "qemu-io", "-r", "-f", "qcow2", "-c", "read 0 4k", good)
+	qemu.WantLocked(t, `Failed to get "write" lock`, "qemu-io", "-f", "qcow2", "-c", "write 0 4k", readBad)
 
 	st, out = harness.StatusOf(t, m.Dir)
 	g, r, w := st.OpenEntry(good), st.OpenEntry(readBad), st.OpenEntry(writeBad)
@@ -732,14 +676,11 @@ exec "$@"`
 			if w := "qcowfs: no syslog (/dev/log): the log is in " + logFile + "\n"; r.Stderr != w {
 				t.Errorf("qcowfs mount said %q, want %q", r.Stderr, w)
 			}
-			daemons := harness.Daemons(t, mnt)
-			if len(daemons) != 1 {
-				t.Fatalf("want one daemon, have %v", daemons)
-			}
+			daemon := harness.DaemonOf(t, mnt)
 			// What nobody runs in the daemon's mount namespace.
 			inMount := func(args ...string) harness.Result {
 				t.Helper()
-				cmd := exec.Command("nsenter", append(append([]string{"--mount=/proc/" + strconv.Itoa(daemons[0]) + "/ns/mnt", "--"}, asNobody...), args...)...)
+				cmd := exec.Command("nsenter", append(append([]string{"--mount=/proc/" + strconv.Itoa(daemon) + "/ns/mnt", "--"}, asNobody...), args...)...)
 				cmd.Env = env
 				return harness.RunCmd(t, cmd)
 			}

@@ -38,9 +38,7 @@ func qemuOpens(t *testing.T, img, key string) (bool, string) {
 // /dev/stdin works: the daemon gets the bytes from the process that read
 // them.
 func TestKeyFileAsQemuReadsIt(t *testing.T) {
-	harness.RequireFUSE(t)
-	qemu.Require(t, "qemu-img", "qemu-io")
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	keys := t.TempDir()
 	passes := map[string]string{"plain": "secret", "newline": "secret\n"}
 	keyFiles := map[string]string{}
@@ -101,9 +99,7 @@ func TestKeyFileAsQemuReadsIt(t *testing.T) {
 // mount fails. The key never appears in what qcowfs says, its log (at
 // debug level), its status, or the daemon's core limit (0).
 func TestKeyRefusals(t *testing.T) {
-	harness.RequireFUSE(t)
-	qemu.Require(t, "qemu-img", "qemu-io")
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	const passA, passB = "Passphrase-A-7d1f", "Passphrase-B-93c2"
 	a, b := filepath.Join(src, "a.qcow2"), filepath.Join(src, "sub", "b.qcow2")
 	os.Mkdir(filepath.Join(src, "sub"), 0o755)
@@ -241,8 +237,7 @@ func TestEncryptedInfoMapCheck(t *testing.T) {
 	// A snapshot, which qemu-img info lists: only an opened image can.
 	snap := images[0]
 	qemu.Run(t, "qemu-img", append(snap.Args(t, "snapshot"), "-c", "s1")...)
-	kdir := t.TempDir()
-	qemu.KeyDir(t, kdir, dir, images)
+	kdir := qemu.KeyDir(t, dir, images)
 	filename := regexp.MustCompile(`(?m)^    "filename": ".*",\n`)
 	for _, e := range images {
 		t.Run(e.Name, func(t *testing.T) {
@@ -250,12 +245,12 @@ func TestEncryptedInfoMapCheck(t *testing.T) {
 			for _, args := range [][]string{
 				{"info"}, {"info", "--output=json"}, {"info", "--backing-chain"}, {"info", "--backing-chain", "--output=json"},
 			} {
-				q := harness.RunCmd(t, exec.Command("qemu-img", append(args, e.Path)...))
+				q := harness.Exec(t, "qemu-img", append(args, e.Path)...)
 				us := harness.Run(t, append(append(args, keys...), e.Path)...)
 				harness.SameAsQemu(t, strings.Join(args, " "), q, us)
 			}
 			for _, args := range [][]string{{"map", "--output=json"}, {"map"}, {"check"}, {"check", "--output=json"}} {
-				q := harness.RunCmd(t, exec.Command("qemu-img", append(e.Args(t, args[0]), args[1:]...)...))
+				q := harness.Exec(t, "qemu-img", append(e.Args(t, args[0]), args[1:]...)...)
 				us := harness.Run(t, append(append(args, keys...), e.Path)...)
 				q.Stdout = filename.ReplaceAllString(q.Stdout, "")
 				us.Stdout = filename.ReplaceAllString(us.Stdout, "")
@@ -270,7 +265,7 @@ func TestEncryptedInfoMapCheck(t *testing.T) {
 				r := harness.Run(t, cmd, "--key-file", bad, e.Path)
 				harness.WantError(t, "qcowfs "+cmd+" with a wrong key", r, "wrong passphrase", "--key-file "+bad)
 			}
-			q := harness.RunCmd(t, exec.Command("qemu-img", "info", "--output=json", e.Path))
+			q := harness.Exec(t, "qemu-img", "info", "--output=json", e.Path)
 			r := harness.Run(t, "info", "--output=json", "--key-file", bad, e.Path)
 			if r.Code != 0 || !strings.Contains(r.Stderr, "warning: "+e.Path) || !strings.Contains(r.Stderr, "wrong passphrase") {
 				t.Errorf("info with a wrong key: exit %d, %q", r.Code, r.Stderr)

@@ -7,15 +7,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
 // Timeout bounds every command a test runs (RunCmd), so that a hang (a
@@ -64,6 +62,12 @@ func RunCmdTimeout(t testing.TB, cmd *exec.Cmd, d time.Duration) Result {
 	return r
 }
 
+// Exec runs the tool name with args within Timeout (RunCmd).
+func Exec(t testing.TB, name string, args ...string) Result {
+	t.Helper()
+	return RunCmd(t, exec.Command(name, args...))
+}
+
 // Run runs the qcowfs binary under test with args.
 func Run(t testing.TB, args ...string) Result {
 	t.Helper()
@@ -101,24 +105,17 @@ func WantError(t testing.TB, what string, r Result, words ...string) {
 }
 
 // Both runs qemu-img and qcowfs with the same arguments in dir: the
-// oracle of qcowfs info, map and check.
+// oracle of qcowfs info, map and check. Before a map, the image's pages
+// are dropped (qemu.DropCache), so that whatever read the image before
+// (another command here) does not decide what qemu says.
 func Both(t testing.TB, dir string, args ...string) (q, us Result) {
 	t.Helper()
 	if args[0] == "map" {
-		// qemu's block status asks lseek(SEEK_DATA), which on ext4
-		// counts cached pages over unwritten extents as data; qcowfs
-		// asks FIEMAP. The image's pages are dropped first, so that
-		// whatever read the image before (another command here) does
-		// not decide what qemu says.
 		p := args[len(args)-1]
 		if !filepath.IsAbs(p) {
 			p = filepath.Join(dir, p)
 		}
-		if f, err := os.Open(p); err == nil {
-			f.Sync()
-			unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
-			f.Close()
-		}
+		qemu.DropCache(p)
 	}
 	qc := exec.Command("qemu-img", args...)
 	qc.Dir = dir
@@ -128,46 +125,10 @@ func Both(t testing.TB, dir string, args ...string) (q, us Result) {
 }
 
 // SameAsQemu fails t unless qcowfs's run us did what qemu-img's run q did
-// (Both): the same exit status, the same stdout, and on stderr the same
-// lines (with "qemu-img: " for "qcowfs: "), except where qemu could not
-// open the image, whose reasons qcowfs words its own way (then both say
-// something, or neither does).
+// (Both), as qemu.SameOutput says, with "qcowfs: " for "qemu-img: ".
 func SameAsQemu(t testing.TB, what string, q, us Result) {
 	t.Helper()
-	if q.Code != us.Code {
-		t.Errorf("%s: qcowfs exits %d, qemu-img %d\nqemu-img: %s\nqcowfs: %s", what, us.Code, q.Code, q.Stderr, us.Stderr)
-		return
-	}
-	if d := diff(q.Stdout, us.Stdout); d != "" {
-		t.Errorf("%s: qcowfs prints something else than qemu-img, from %s", what, d)
-	}
-	if strings.Contains(q.Stderr, "Could not open") {
-		if (q.Stderr == "") != (us.Stderr == "") {
-			t.Errorf("%s: stderr: qemu-img %q, qcowfs %q", what, q.Stderr, us.Stderr)
-		}
-		return
-	}
-	if d := diff(strings.ReplaceAll(q.Stderr, "qemu-img: ", "qcowfs: "), us.Stderr); d != "" {
-		t.Errorf("%s: qcowfs says something else than qemu-img on stderr, from %s", what, d)
-	}
-}
-
-// diff reports the first line where a and b differ.
-func diff(a, b string) string {
-	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
-	for i := 0; i < max(len(al), len(bl)); i++ {
-		var x, y string
-		if i < len(al) {
-			x = al[i]
-		}
-		if i < len(bl) {
-			y = bl[i]
-		}
-		if x != y {
-			return fmt.Sprintf("line %d:\nqemu-img: %q\nqcowfs:   %q", i+1, x, y)
-		}
-	}
-	return ""
+	qemu.SameOutput(t, what, "qcowfs: ", qemu.Output(q), qemu.Output(us))
 }
 
 // JSON decodes what the run printed on stdout into v; output that is not

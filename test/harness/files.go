@@ -1,6 +1,7 @@
 package harness
 
-// Reading what a mount shows: folders, bytes, data runs.
+// Reading what a mount shows: folders, files opened for the test, bytes,
+// data runs.
 
 import (
 	"bytes"
@@ -34,6 +35,36 @@ func Names(t testing.TB, dir string) []string {
 		t.Fatal(err)
 	}
 	return names
+}
+
+// Open opens path for reading and closes it when the test ends; an error
+// fails the test.
+func Open(t testing.TB, path string) *os.File {
+	t.Helper()
+	return OpenFile(t, path, os.O_RDONLY)
+}
+
+// OpenFile is Open with flag (os.O_RDWR, unix.O_DIRECT, ...).
+func OpenFile(t testing.TB, path string, flag int) *os.File {
+	t.Helper()
+	f, err := os.OpenFile(path, flag, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// FileRuns are the data runs of the file at path: SeekRuns over all of it,
+// by a descriptor of its own, which stays open until the test ends (Open).
+func FileRuns(t testing.TB, path string) [][2]int64 {
+	t.Helper()
+	f := Open(t, path)
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return SeekRuns(t, f, st.Size())
 }
 
 // SameFile compares two files byte by byte and reports the first
@@ -98,6 +129,19 @@ func SameFile(t testing.TB, got, want string) {
 			pos += n
 		}
 		off = end
+	}
+}
+
+// NotInClear fails the test if the file at path holds b: data written to
+// an encrypted image, which its files must not hold in the clear.
+func NotInClear(t testing.TB, path string, b []byte) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) > 0 && bytes.Contains(data, b) {
+		t.Errorf("%s holds written data in the clear", path)
 	}
 }
 

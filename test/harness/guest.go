@@ -127,12 +127,7 @@ func MakeGuestDisk(t testing.TB, work, tree string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sfdisk := exec.Command("sfdisk", "-q", disk)
-	sfdisk.Stdin = strings.NewReader(fmt.Sprintf("label: gpt\nstart=%dKiB, size=%dKiB, type=linux\n",
-		guestPartOff>>10, guestPartSize>>10))
-	if out, err := sfdisk.CombinedOutput(); err != nil {
-		t.Fatalf("sfdisk %s: %v\n%s", disk, err, out)
-	}
+	Partition(t, disk, fmt.Sprintf("label: gpt\nstart=%dKiB, size=%dKiB, type=linux\n", guestPartOff>>10, guestPartSize>>10))
 
 	// Copy to where sfdisk says the partition is, and make sure that is
 	// where we asked for it: the check after mounting relies on it.
@@ -156,6 +151,24 @@ func MakeGuestDisk(t testing.TB, work, tree string) string {
 	qemu.Run(t, "dd", "if="+part, "of="+disk, "bs=1M", "oflag=seek_bytes",
 		"seek="+strconv.Itoa(guestPartOff), "conv=notrunc", "status=none")
 	return disk
+}
+
+// Partition writes a partition table on disk (a file) with sfdisk, table
+// being sfdisk's input ("label: gpt\nsize=4MiB\n...").
+func Partition(t testing.TB, disk, table string) {
+	t.Helper()
+	sfdisk := exec.Command("sfdisk", "-q", disk)
+	sfdisk.Stdin = strings.NewReader(table)
+	WantOK(t, "sfdisk "+disk, RunCmd(t, sfdisk))
+}
+
+// Fsck checks the ext4 file system on dev (a device or a file) with
+// e2fsck -fn, which must find it clean.
+func Fsck(t testing.TB, dev string) {
+	t.Helper()
+	if r := Exec(t, "e2fsck", "-fn", dev); r.Code != 0 {
+		t.Errorf("e2fsck -fn %s: exit status %d\n%s%s", dev, r.Code, r.Stdout, r.Stderr)
+	}
 }
 
 // AttachLoop attaches file to a free loop device with losetup's flags

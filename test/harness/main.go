@@ -89,6 +89,15 @@ func RequireFUSE(t testing.TB) {
 	qemu.Require(t, "qemu-img", "qemu-io")
 }
 
+// SourceDir is a fresh folder for the images a test mounts, or serves for
+// a remote mount (qemu.TempDir), once RequireFUSE has passed: a machine
+// that cannot mount skips or fails the test before any image is made.
+func SourceDir(t testing.TB) string {
+	t.Helper()
+	RequireFUSE(t)
+	return qemu.TempDir(t)
+}
+
 // Root is the folder of the qcowfs module (go.mod, README.md, the
 // Makefile), for the tests of what it holds: the first folder from the
 // test's own up that has a go.mod.

@@ -201,6 +201,17 @@ func Daemons(t testing.TB, path string) []int {
 	return pids
 }
 
+// DaemonOf is the qcowfs process serving the mount on mnt (Daemons); none,
+// or more than one, fails the test.
+func DaemonOf(t testing.TB, mnt string) int {
+	t.Helper()
+	pids := Daemons(t, mnt)
+	if len(pids) != 1 {
+		t.Fatalf("want one qcowfs daemon for %s, have %v", mnt, pids)
+	}
+	return pids[0]
+}
+
 // Cleanup makes sure that, however the test ends, nothing stays mounted
 // on mnt and no qcowfs process serving it survives: for mounts a test
 // makes itself rather than with Mount.
@@ -228,6 +239,17 @@ func Cleanup(t testing.TB, mnt string) {
 		// The log a daemon without syslog and --log-file left.
 		os.Remove(filepath.Join("/run/qcowfs", Escape(mnt)+".log"))
 	})
+}
+
+// WantUnmount runs qcowfs unmount mnt, which must succeed and leave
+// nothing mounted on mnt, and waits for the daemon to exit.
+func WantUnmount(t testing.TB, mnt string) {
+	t.Helper()
+	WantOK(t, "qcowfs unmount "+mnt, Run(t, "unmount", mnt))
+	if MountAt(t, mnt) != nil {
+		t.Fatalf("%s still mounted after qcowfs unmount returned", mnt)
+	}
+	WaitGone(t, mnt)
 }
 
 // WaitGone waits for every qcowfs process serving mnt to exit.

@@ -11,7 +11,6 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +19,140 @@ import (
 	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
+
+// allToOne makes an image of l1 L1 entries (512 MiB of disk each, 64 KiB
+// clusters) that all name the first span's L2 table, written with cmds,
+// and returns it with the data runs of one span, from qemu-img map of an
+// image of that one span (the oracle: every span reads the same).
+func allToOne(t *testing.T, dir, name string, l1 int64, cmds ...string) (string, [][2]int64) {
+	t.Helper()
+	one := qemu.Make(t, filepath.Join(t.TempDir(), "one.qcow2"), "512M", cmds...)
+	var pattern [][2]int64
+	for _, e := range qemu.Map(t, one) {
+		if !e.Zero {
+			pattern = append(pattern, [2]int64{e.Start, e.Start + e.Length})
+		}
+	}
+	p := filepath.Join(dir, name)
+	qemu.Create(t, "qcow2", p, fmt.Sprint(l1<<29))
+	qemu.IO(t, p, cmds...)
+	l1off := int64(qemu.ReadU(t, p, qemu.HeaderL1TableOffset, 8))
+	e := qemu.ReadU(t, p, l1off, 8)
+	buf := make([]byte, 8*l1)
+	for i := int64(0); i < l1; i++ {
+		binary.BigEndian.PutUint64(buf[8*i:], e)
+	}
+	qemu.WriteAt(t, p, l1off, buf)
+	return p, pattern
+}
+
+// TestHostileWalks: images whose tables ask for unbounded walks. A 256 TiB
+// disk whose 524,288 L1 entries name one L2 table answers lseek anywhere
+// like the one table's map, and its st_blocks is counted exactly; a
+// 512 TiB one of zero clusters answers SEEK_DATA within its budget (a
+// conservative offset, one log line) and stops walking when its caller is
+// killed; a snapshot of 2^62 bytes is not shown, the image and its other
+// snapshot are. The daemon's memory stays bounded throughout.
+func TestHostileWalks(t *testing.T) {
+	src := harness.SourceDir(t)
+	const l1 = 512 << 10
+	_, pattern := allToOne(t, src, "all-to-one.qcow2", l1, "write -P 1 0 64k", "write -P 2 1M 192k", "write -z 2M 64k", "write -c -P 3 8M 64k")
+	zeros, _ := allToOne(t, src, "zeros.qcow2", 1<<20, "write -z 0 512M")
+	zeros2 := filepath.Join(src, "zeros-killed.qcow2")
+	qemu.Run(t, "cp", zeros, zeros2)
+	huge := qemu.Make(t, filepath.Join(src, "huge-snapshot.qcow2"), "1M", "write -P 4 0 64k")
+	qemu.Img(t, "snapshot", "-c", "huge", huge)
+	qemu.Img(t, "snapshot", "-c", "fine", huge)
+	qemu.PatchU(t, huge, qemu.SnapshotEntryOffset(t, huge, 0)+qemu.SnapshotDiskSize, 8, 1<<62)
+	makeCanary(t, src)
+
+	m := harness.Mount(t, src)
+	pid := m.PID(t)
+	listed := listWithin(t, m.Dir, 30*time.Second)
+	for _, want := range []string{"all-to-one.raw", "zeros.raw", "huge-snapshot.raw", "huge-snapshot@fine.raw", "canary.raw"} {
+		if !slices.Contains(listed, want) {
+			t.Errorf("%s is not listed: %q", want, listed)
+		}
+	}
+	if slices.Contains(listed, "huge-snapshot@huge.raw") {
+		t.Errorf("the snapshot of 2^62 bytes is shown; qemu cannot load it")
+	}
+	if log := m.LogText(t); !strings.Contains(log, "snapshot not shown") || !strings.Contains(log, "disk_size") {
+		t.Errorf("no log line says why the 2^62 snapshot is not shown:\n%s", log)
+	}
+
+	// Anywhere on the 256 TiB disk, lseek answers like the one table.
+	raw := filepath.Join(m.Dir, "all-to-one.raw")
+	start := time.Now()
+	for _, span := range []int64{0, 1, 4097, l1 / 2, l1 - 1} {
+		base := span << 29
+		for _, r := range pattern {
+			if d, err := seekAt(t, raw, base+r[0], unix.SEEK_DATA); err != nil || d != base+r[0] {
+				t.Errorf("span %d: SEEK_DATA(%d) = %d, %v; want %d", span, base+r[0], d, err, base+r[0])
+			}
+			if h, err := seekAt(t, raw, base+r[0], unix.SEEK_HOLE); err != nil || h != base+r[1] {
+				t.Errorf("span %d: SEEK_HOLE(%d) = %d, %v; want %d", span, base+r[0], h, err, base+r[1])
+			}
+		}
+	}
+	t.Logf("%d lseeks on the 256 TiB disk: %v", 10*len(pattern), time.Since(start).Round(time.Millisecond))
+	var per int64
+	for _, r := range pattern {
+		per += r[1] - r[0]
+	}
+	want := per * l1
+	harness.WaitFor(t, "st_blocks of the 256 TiB disk", 120*time.Second, func() bool {
+		var st unix.Stat_t
+		return unix.Stat(raw, &st) == nil && st.Blocks*512 == want
+	})
+
+	// 512 TiB of zero clusters: SEEK_DATA answers within its budget.
+	// (Measured once the background data counts are done.)
+	waitIdle(t, pid)
+	start = time.Now()
+	cpu0 := harness.ReadProc(t, pid).CPU
+	d, err := seekAt(t, filepath.Join(m.Dir, "zeros.raw"), 0, unix.SEEK_DATA)
+	full := harness.ReadProc(t, pid).CPU - cpu0
+	t.Logf("SEEK_DATA across 512 TiB of zero clusters: %d, %v after %v (%v of daemon CPU)", d, err, time.Since(start).Round(time.Millisecond), full)
+	if err != nil && err != unix.ENXIO {
+		t.Errorf("SEEK_DATA on zeros.raw: %v", err)
+	}
+	if err == nil && !strings.Contains(m.LogText(t), "gave up after its work budget") {
+		t.Errorf("a conservative SEEK_DATA answer without a log line")
+	}
+	// The same walk on another copy, its caller killed at once: the
+	// daemon stops walking (FUSE INTERRUPT cancels the request).
+	if full > 500*time.Millisecond {
+		waitIdle(t, pid)
+		h := exec.Command(os.Args[0])
+		h.Env = append(os.Environ(), helperEnv+"=seek-data:"+filepath.Join(m.Dir, "zeros-killed.raw"))
+		var out bytes.Buffer
+		h.Stdout = &out
+		if err := h.Start(); err != nil {
+			t.Fatal(err)
+		}
+		harness.WaitFor(t, "the helper to open the file", 10*time.Second, func() bool { return strings.Contains(out.String(), "open") })
+		cpu0 := harness.ReadProc(t, pid).CPU
+		time.Sleep(50 * time.Millisecond)
+		h.Process.Kill()
+		h.Wait()
+		time.Sleep(2 * time.Second)
+		killed := harness.ReadProc(t, pid).CPU - cpu0
+		t.Logf("the same walk with its caller killed after 50 ms: %v of daemon CPU (uninterrupted: %v)", killed, full)
+		if killed > full/2 {
+			t.Errorf("the walk went on after its caller was killed: %v of CPU, %v uninterrupted", killed, full)
+		}
+	} else {
+		t.Logf("the walk takes %v: too short to show an interruption", full)
+	}
+	checkCanary(t, m.Dir)
+	peakWithin(t, pid, 160)
+	m.NoPanics(t)
+	// qemu-img map of the 256 TiB disk prints 2.6 million lines (every
+	// span's entries); the bounded runs take one of 32 TiB.
+	small, _ := allToOne(t, t.TempDir(), "all-to-one-32T.qcow2", 64<<10, "write -P 1 0 64k", "write -P 2 1M 192k", "write -z 2M 64k", "write -c -P 3 8M 64k")
+	boundedAll(t, []string{small, zeros, huge})
+}
 
 // forgeSnapshots replaces the snapshot table of image by n entries that
 // all use the image's active L1 table (specification, "Snapshots": 40
@@ -59,20 +192,6 @@ func forgeSnapshots(t *testing.T, image string, n int) {
 	qemu.PatchU(t, image, qemu.HeaderSnapshotsOffset, 8, uint64(at))
 }
 
-// statAll lstats every name of dir, like ls -l, within d.
-func statAll(t *testing.T, dir string, names []string, d time.Duration) {
-	t.Helper()
-	harness.Within(t, "stat of every name in "+dir, d, func() (int, error) {
-		for _, n := range names {
-			var st unix.Stat_t
-			if err := unix.Lstat(filepath.Join(dir, n), &st); err != nil {
-				return 0, fmt.Errorf("%s: %w", n, err)
-			}
-		}
-		return 0, nil
-	})
-}
-
 // TestHostileManySnapshots: an image with 65,535 snapshots (the most qemu
 // allows) beside a canary. The listing shows all of them, a listing with
 // a stat of every name answers, a second one reads a small fraction of
@@ -80,19 +199,14 @@ func statAll(t *testing.T, dir string, names []string, d time.Duration) {
 // reads what qemu-img convert -l reads, and the daemon's memory stays
 // bounded.
 func TestHostileManySnapshots(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
-	img := filepath.Join(src, "many.qcow2")
-	qemu.Create(t, "qcow2", img, "16M")
-	qemu.IO(t, img, "write -P 0x21 0 1M", "write -P 0x22 8M 64k")
+	src := harness.SourceDir(t)
+	img := qemu.Make(t, filepath.Join(src, "many.qcow2"), "16M", "write -P 0x21 0 1M", "write -P 0x22 8M 64k")
 	const n = 65535
 	forgeSnapshots(t, img, n)
 	if info := qemu.Info(t, img); len(info["snapshots"].([]any)) != n {
 		t.Fatalf("qemu-img info lists %d snapshots", len(info["snapshots"].([]any)))
 	}
-	canary := filepath.Join(src, "canary.qcow2")
-	qemu.Create(t, "qcow2", canary, "1M")
-	qemu.IO(t, canary, "write -P 0x61 0 1M")
+	makeCanary(t, src)
 
 	m := harness.Mount(t, src)
 	pid := m.PID(t)
@@ -115,64 +229,11 @@ func TestHostileManySnapshots(t *testing.T) {
 	}
 	want := filepath.Join(t.TempDir(), "s.raw")
 	qemu.Img(t, "convert", "-O", "raw", "-l", "snapshot.name=s-40000", img, want)
-	harness.Within(t, "reading a snapshot", 60*time.Second, func() (int, error) {
-		harness.SameFile(t, filepath.Join(m.Dir, "many@s-40000.raw"), want)
-		return 0, nil
-	})
-	if b, err := probeImage(t, filepath.Join(m.Dir, "canary.raw")); err != nil || b[0] != 0x61 {
-		t.Errorf("the canary: %v", err)
-	}
-	if p := harness.ReadProc(t, pid); p.HWMKB > harness.MemBound(384) {
-		t.Errorf("the daemon peaked at %d MiB", p.HWMKB>>10)
-	}
+	sameWithin(t, filepath.Join(m.Dir, "many@s-40000.raw"), want, 60*time.Second)
+	checkCanary(t, m.Dir)
+	peakWithin(t, pid, 384)
 	m.NoPanics(t)
 	boundedAll(t, []string{img})
-}
-
-// TestHostileManyImages: 2,000 images in a folder. A listing with a stat
-// of every name is one scan; the second reads no image again.
-func TestHostileManyImages(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
-	dir := filepath.Join(src, "lots")
-	os.Mkdir(dir, 0o755)
-	tmpl := filepath.Join(t.TempDir(), "t.qcow2")
-	qemu.Create(t, "qcow2", tmpl, "1M", "-o", "cluster_size=512")
-	qemu.IO(t, tmpl, "write -P 0x31 0 4k")
-	copies(t, tmpl, dir, 2000)
-	m := harness.Mount(t, src)
-	pid := m.PID(t)
-	p0 := harness.ReadProc(t, pid)
-	start := time.Now()
-	listed := listWithin(t, filepath.Join(m.Dir, "lots"), 120*time.Second)
-	statAll(t, filepath.Join(m.Dir, "lots"), listed, 120*time.Second)
-	p1 := harness.ReadProc(t, pid)
-	first := time.Since(start)
-	start = time.Now()
-	statAll(t, filepath.Join(m.Dir, "lots"), listWithin(t, filepath.Join(m.Dir, "lots"), 120*time.Second), 120*time.Second)
-	p2 := harness.ReadProc(t, pid)
-	t.Logf("2,000 images: first listing with stats %v, %d KiB read; second %v, %d KiB read", first.Round(time.Millisecond),
-		(p1.Rchar-p0.Rchar)>>10, time.Since(start).Round(time.Millisecond), (p2.Rchar-p1.Rchar)>>10)
-	if len(listed) != 2000 {
-		t.Errorf("%d names listed", len(listed))
-	}
-	if p2.Rchar-p1.Rchar > (p1.Rchar-p0.Rchar)/4 {
-		t.Errorf("the second listing read %d bytes, the first %d", p2.Rchar-p1.Rchar, p1.Rchar-p0.Rchar)
-	}
-}
-
-// copies writes n copies of file into dir, as img-00000.qcow2, ...
-func copies(t testing.TB, file, dir string, n int) {
-	t.Helper()
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < n; i++ {
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("img-%05d.qcow2", i)), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // TestHostileBitmapMemory: 400 bitmap directory entries (in use, so qemu
@@ -181,8 +242,7 @@ func copies(t testing.TB, file, dir string, n int) {
 // reader read the table and mapped its million clusters once per entry,
 // gigabytes; the daemon and qcowfs check stay within bounds.
 func TestHostileBitmapMemory(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	img := filepath.Join(src, "bitmaps.qcow2")
 	qemu.Create(t, "qcow2", img, "64M", "-o", "cluster_size=512")
 	qemu.Img(t, "bitmap", "--add", img, "b0")
@@ -227,9 +287,7 @@ func TestHostileBitmapMemory(t *testing.T) {
 	if out, err := exec.Command("qemu-io", "-r", "-c", "read -P 0x41 0 1M", img).CombinedOutput(); err != nil || bytes.Contains(out, []byte("can't open")) {
 		t.Fatalf("qemu-io does not read the image: %v\n%s", err, out)
 	}
-	canary := filepath.Join(src, "canary.qcow2")
-	qemu.Create(t, "qcow2", canary, "1M")
-	qemu.IO(t, canary, "write -P 0x61 0 1M")
+	makeCanary(t, src)
 
 	m := harness.Mount(t, src)
 	pid := m.PID(t)
@@ -239,14 +297,8 @@ func TestHostileBitmapMemory(t *testing.T) {
 	} else if b, err := probeImage(t, filepath.Join(m.Dir, "bitmaps.raw")); err != nil || b[0] != 0x41 {
 		t.Errorf("bitmaps.raw: %v", err)
 	}
-	if b, err := probeImage(t, filepath.Join(m.Dir, "canary.raw")); err != nil || b[0] != 0x61 {
-		t.Errorf("the canary: %v", err)
-	}
-	p := harness.ReadProc(t, pid)
-	t.Logf("daemon: %v", p)
-	if p.HWMKB > harness.MemBound(256) {
-		t.Errorf("the daemon peaked at %d MiB", p.HWMKB>>10)
-	}
+	checkCanary(t, m.Dir)
+	peakWithin(t, pid, 256)
 	m.NoPanics(t)
 	boundedAll(t, []string{img})
 }
@@ -258,8 +310,7 @@ func TestHostileBitmapMemory(t *testing.T) {
 // check of the extended file fails: it wants 66 GB for its counters),
 // qcowfs map what qemu-img map prints, within bounds.
 func TestHostileSparseTail(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	img := filepath.Join(src, "tail.qcow2")
 	qemu.Create(t, "qcow2", img, "64M", "-o", "cluster_size=512")
 	qemu.IO(t, img, "write -P 0x51 0 1M", "write -P 0x52 32M 64k", "write -z 40M 64k")
@@ -267,17 +318,14 @@ func TestHostileSparseTail(t *testing.T) {
 	qemu.Run(t, "cp", img, before)
 	wantRaw := qemu.ToRaw(t, before, filepath.Join(t.TempDir(), "before.raw"))
 	wantMap := qemu.Map(t, before)
-	q := harness.RunCmd(t, exec.Command("qemu-img", "check", "--output=json", before))
+	q := harness.Exec(t, "qemu-img", "check", "--output=json", before)
 	var wantCheck map[string]any
 	q.JSON(t, &wantCheck)
 	if err := os.Truncate(img, 15<<40); err != nil {
 		t.Skipf("cannot extend a file to 15 TiB here: %v", err)
 	}
 	m := harness.Mount(t, src)
-	harness.Within(t, "reading the disk", 60*time.Second, func() (int, error) {
-		harness.SameFile(t, filepath.Join(m.Dir, "tail.raw"), wantRaw)
-		return 0, nil
-	})
+	sameWithin(t, filepath.Join(m.Dir, "tail.raw"), wantRaw, 60*time.Second)
 	runs := bounded(t, img)
 	t.Logf("15 TiB sparse file: info %d MiB %v, map %d MiB %v, check %d MiB %v", runs["info"].rssKB>>10, runs["info"].wall,
 		runs["map"].rssKB>>10, runs["map"].wall, runs["check"].rssKB>>10, runs["check"].wall)
@@ -301,8 +349,8 @@ func TestHostileSparseTail(t *testing.T) {
 	if !reflect.DeepEqual(gotMap, wantMap) {
 		t.Errorf("qcowfs map:\n%s\nqemu-img map before the extension:\n%s", mapped.Stdout, dumpMap(wantMap))
 	}
-	var st syscall.Stat_t
-	if err := syscall.Stat(filepath.Join(m.Dir, "tail.raw"), &st); err != nil || st.Size != 64<<20 {
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(m.Dir, "tail.raw"), &st); err != nil || st.Size != 64<<20 {
 		t.Errorf("stat: %v, %d bytes", err, st.Size)
 	}
 	m.NoPanics(t)

@@ -2,6 +2,7 @@ package hostile
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -9,10 +10,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
+	"sync"
 	"testing"
 	"time"
 
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
 	"github.com/qcowfs/qcowfs/test/harness"
@@ -29,31 +32,21 @@ func TestHostileShrunkHostFile(t *testing.T) {
 	for _, readPath := range []string{"splice", "copy"} {
 		t.Run(readPath, func(t *testing.T) {
 			src := qemu.TempDir(t)
-			canary := filepath.Join(src, "canary.qcow2")
-			qemu.Create(t, "qcow2", canary, "4M")
-			qemu.IO(t, canary, "write -P 0xca 0 4M")
+			canary := qemu.Make(t, filepath.Join(src, "canary.qcow2"), "4M", "write -P 0xca 0 4M")
 			// One contiguous run of data clusters (one host range per
 			// read), and one with zero clusters between data ones
 			// (several ranges per read, gathered in a pipe).
-			one := filepath.Join(src, "one.qcow2")
-			qemu.Create(t, "qcow2", one, "4M")
-			qemu.IO(t, one, "write -P 0x5a 0 4M")
+			qemu.Make(t, filepath.Join(src, "one.qcow2"), "4M", "write -P 0x5a 0 4M")
 			var cmds []string
 			for off := 0; off < 4<<20; off += 128 << 10 {
 				cmds = append(cmds, fmt.Sprintf("write -P 0x5b %d 64k", off))
 			}
-			many := filepath.Join(src, "many.qcow2")
-			qemu.Create(t, "qcow2", many, "4M")
-			qemu.IO(t, many, cmds...)
+			qemu.Make(t, filepath.Join(src, "many.qcow2"), "4M", cmds...)
 			m := harness.Mount(t, src, "--read-path="+readPath)
 			canaryRaw := qemu.ToRaw(t, canary, filepath.Join(t.TempDir(), "canary.raw"))
 
 			for _, name := range []string{"one", "many"} {
-				f, err := os.Open(filepath.Join(m.Dir, name+".raw"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer f.Close()
+				f := harness.Open(t, filepath.Join(m.Dir, name+".raw"))
 				// The data of guest offsets past 1 MiB goes away.
 				img := filepath.Join(src, name+".qcow2")
 				at, e := qemu.L2EntryOffset(t, img, 8)
@@ -71,7 +64,7 @@ func TestHostileShrunkHostFile(t *testing.T) {
 					n, err := f.ReadAt(b, 2<<20)
 					return b[:n], err
 				})
-				if !errIs(err, syscall.EIO) {
+				if !errIs(err, unix.EIO) {
 					t.Errorf("%s: read past the shrunk file: %d bytes, %v; want EIO", name, len(b), err)
 				}
 				if bytes.Contains(b, []byte{0xca, 0xca, 0xca, 0xca}) {
@@ -86,7 +79,7 @@ func TestHostileShrunkHostFile(t *testing.T) {
 					defer g.Close()
 					return io.Copy(io.Discard, g)
 				})
-				if err == nil || !errIs(err, syscall.EIO) {
+				if err == nil || !errIs(err, unix.EIO) {
 					t.Errorf("%s: copying the disk: %d bytes, %v; want EIO (not an early end)", name, n, err)
 				}
 			}
@@ -105,25 +98,16 @@ func TestHostileShrunkHostFile(t *testing.T) {
 // not through the handle, not to the process in it, not to a fresh
 // lookup.
 func TestHostileSwappedFolder(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	outside := t.TempDir()
 	sub := filepath.Join(src, "sub")
 	os.Mkdir(sub, 0o755)
-	inner := filepath.Join(sub, "inner.qcow2")
-	qemu.Create(t, "qcow2", inner, "1M")
-	qemu.IO(t, inner, "write -P 0x11 0 64k")
-	secret := filepath.Join(outside, "inner.qcow2")
-	qemu.Create(t, "qcow2", secret, "1M")
-	qemu.IO(t, secret, "write -P 0xee 0 1M")
+	qemu.Make(t, filepath.Join(sub, "inner.qcow2"), "1M", "write -P 0x11 0 64k")
+	qemu.Make(t, filepath.Join(outside, "inner.qcow2"), "1M", "write -P 0xee 0 1M")
 	os.WriteFile(filepath.Join(outside, "secret.txt"), []byte("OUTSIDE-SECRET"), 0o644)
 	m := harness.Mount(t, src)
 
-	d, err := os.Open(filepath.Join(m.Dir, "sub"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := harness.Open(t, filepath.Join(m.Dir, "sub"))
 	if got := listWithin(t, filepath.Join(m.Dir, "sub"), 10*time.Second); !slices.Contains(got, "inner.raw") {
 		t.Fatalf("sub lists %q", got)
 	}
@@ -223,9 +207,7 @@ func TestHostileSpecialFiles(t *testing.T) {
 	}
 	// A fifo named like an image.
 	unix.Mkfifo(filepath.Join(src, "fifo.qcow2"), 0o600)
-	canary := filepath.Join(src, "canary.qcow2")
-	qemu.Create(t, "qcow2", canary, "1M")
-	qemu.IO(t, canary, "write -P 0x61 0 1M")
+	makeCanary(t, src)
 
 	m := harness.Mount(t, src)
 	listed := listWithin(t, m.Dir, 20*time.Second)
@@ -249,10 +231,7 @@ func TestHostileSpecialFiles(t *testing.T) {
 			t.Errorf("no log line says %s.qcow2's file is %s:\n%s", name, what, log)
 		}
 	}
-	b, err := probeImage(t, filepath.Join(m.Dir, "canary.raw"))
-	if err != nil || len(b) != 1<<20 || b[0] != 0x61 {
-		t.Errorf("the canary: %d bytes, %v", len(b), err)
-	}
+	checkCanary(t, m.Dir)
 	m.NoPanics(t)
 	var hostile []string
 	for _, name := range []string{"backing-blk", "backing-fifo", "data-blk", "data-fifo"} {
@@ -261,91 +240,127 @@ func TestHostileSpecialFiles(t *testing.T) {
 	boundedAll(t, hostile)
 }
 
-// TestHostileMetadataAsData: L2 entries that place guest data in the
-// image's own metadata (a refcount block, the snapshot table, the bitmap
-// directory), and a compressed stream in the header cluster. Each such
-// read fails with EIO (qemu-img check reports each image corrupt, the
-// oracle for "this is metadata"), intact clusters read, and an image
-// whose metadata map does not fit in --metadata-memory is not shown, with
-// a line naming the flag.
-func TestHostileMetadataAsData(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
-	tmpl := filepath.Join(t.TempDir(), "tmpl.qcow2")
-	qemu.Create(t, "qcow2", tmpl, "8M")
-	qemu.IO(t, tmpl, "write -P 0x41 0 1M", "write -c -P 0x42 1M 64k")
-	qemu.Img(t, "snapshot", "-c", "s", tmpl)
-	qemu.Img(t, "bitmap", "--add", tmpl, "b")
-	_, _, dirOff, _ := qemu.BitmapDirectory(t, tmpl)
-	rt := int64(qemu.ReadU(t, tmpl, qemu.HeaderRefcountTableOffset, 8))
-	refblock := int64(qemu.ReadU(t, tmpl, rt, 8) &^ 0x1ff)
-	targets := map[string]int64{
-		"into-refcount-block":   refblock,
-		"into-snapshot-table":   int64(qemu.ReadU(t, tmpl, qemu.HeaderSnapshotsOffset, 8)),
-		"into-bitmap-directory": dirOff,
-	}
-	var hostile []string
-	for name, host := range targets {
-		p := filepath.Join(src, name+".qcow2")
-		qemu.Run(t, "cp", tmpl, p)
-		// Cluster 2 of the active L2 table (a copy, since the snapshot
-		// shares the original).
-		at, e := qemu.L2EntryOffset(t, p, 2)
-		qemu.PatchU(t, p, at, 8, e&^qemu.OffsetMask|uint64(host))
-		hostile = append(hostile, p)
-	}
-	cp := filepath.Join(src, "compressed-in-header.qcow2")
-	qemu.Run(t, "cp", tmpl, cp)
-	at, e := qemu.L2EntryOffset(t, cp, 16) // the compressed cluster at 1 MiB
-	const x = 62 - (16 - 8)
-	qemu.PatchU(t, cp, at, 8, e&^(1<<x-1)|0x200)
-	hostile = append(hostile, cp)
-	for _, p := range hostile {
-		if out, err := exec.Command("qemu-img", "check", p).CombinedOutput(); err == nil {
-			t.Fatalf("qemu-img check finds nothing wrong with %s:\n%s", filepath.Base(p), out)
-		}
-	}
-	// An image whose L1 table alone (2 MiB: a 128 TiB disk) is more than
-	// the budget the mount is given.
-	big := filepath.Join(src, "big.qcow2")
-	qemu.Create(t, "qcow2", big, "128T")
-	canary := filepath.Join(src, "canary.qcow2")
-	qemu.Create(t, "qcow2", canary, "1M")
-	qemu.IO(t, canary, "write -P 0x61 0 1M")
+// stuckFile is a file whose reads wait until gate closes: an image on a
+// disk that stopped answering.
+type stuckFile struct {
+	gofs.Inode
+	data    []byte
+	gate    chan struct{}
+	reached chan struct{} // closed by the first read
+	once    sync.Once
+}
 
-	m := harness.Mount(t, src, "--metadata-memory=1M")
-	listed := listWithin(t, m.Dir, 20*time.Second)
-	for _, p := range hostile {
-		raw := filepath.Join(m.Dir, strings.TrimSuffix(filepath.Base(p), ".qcow2")+".raw")
-		f, err := os.Open(raw)
+var (
+	_ = (gofs.NodeOpener)((*stuckFile)(nil))
+	_ = (gofs.NodeReader)((*stuckFile)(nil))
+	_ = (gofs.NodeGetattrer)((*stuckFile)(nil))
+)
+
+func (f *stuckFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, unix.Errno) {
+	return nil, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (f *stuckFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, unix.Errno) {
+	f.once.Do(func() { close(f.reached) })
+	select {
+	case <-f.gate:
+	case <-ctx.Done():
+		return nil, unix.EINTR
+	}
+	if off >= int64(len(f.data)) {
+		return fuse.ReadResultData(nil), 0
+	}
+	return fuse.ReadResultData(f.data[off:min(int64(len(f.data)), off+int64(len(dest)))]), 0
+}
+
+func (f *stuckFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) unix.Errno {
+	out.Mode = unix.S_IFREG | 0o444
+	out.Size = uint64(len(f.data))
+	return 0
+}
+
+// TestHostileStuckDisk: one folder of the source is a file system whose
+// reads hang (served here, by the test), holding an image. While qcowfs
+// waits on it, listings of the other folders and reads of their images
+// answer, a second image in the stuck folder is not needed for them, and
+// once the disk answers the stuck folder is listed too.
+func TestHostileStuckDisk(t *testing.T) {
+	src := harness.SourceDir(t)
+	img := qemu.Make(t, filepath.Join(t.TempDir(), "stuck.qcow2"), "1M", "write -P 0x71 0 64k")
+	data, err := os.ReadFile(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stuck := &stuckFile{data: data, gate: make(chan struct{}), reached: make(chan struct{})}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(stuck.gate)
+		}
+	}
+	defer release()
+	slow := filepath.Join(src, "slow")
+	os.Mkdir(slow, 0o755)
+	root := &gofs.Inode{}
+	server, err := gofs.Mount(slow, root, &gofs.Options{
+		MountOptions: fuse.MountOptions{FsName: "stuck", DirectMount: true},
+		OnAdd: func(ctx context.Context) {
+			root.AddChild("stuck.qcow2", root.NewPersistentInode(ctx, stuck, gofs.StableAttr{Mode: unix.S_IFREG}), false)
+		},
+	})
+	if err != nil {
+		t.Fatalf("serving the stuck folder: %v", err)
+	}
+	defer func() {
+		release()
+		server.Unmount()
+	}()
+	fast := filepath.Join(src, "fast")
+	os.Mkdir(fast, 0o755)
+	makeCanary(t, fast)
+
+	m := harness.Mount(t, src)
+	// Someone lists the stuck folder: qcowfs reads the image's header
+	// and waits.
+	stuckList := make(chan []string, 1)
+	go func() {
+		f, err := os.Open(filepath.Join(m.Dir, "slow"))
 		if err != nil {
-			t.Errorf("%s: %v", raw, err)
-			continue
+			stuckList <- nil
+			return
 		}
-		off := int64(2 << 16)
-		if strings.Contains(p, "compressed") {
-			off = 1 << 20
-		}
-		_, err = harness.Within(t, "reading "+raw, 10*time.Second, func() (int, error) { return f.ReadAt(make([]byte, 4096), off) })
-		if !errIs(err, syscall.EIO) {
-			t.Errorf("%s: reading the cluster in metadata: %v, want EIO", filepath.Base(raw), err)
-		}
-		b := make([]byte, 4096)
-		if _, err := f.ReadAt(b, 0); err != nil || b[0] != 0x41 {
-			t.Errorf("%s: reading an intact cluster: %v", filepath.Base(raw), err)
-		}
-		f.Close()
+		defer f.Close()
+		names, _ := f.Readdirnames(-1)
+		stuckList <- names
+	}()
+	select {
+	case <-stuck.reached:
+	case <-time.After(20 * time.Second):
+		t.Fatal("qcowfs never read the stuck image")
 	}
-	if slices.Contains(listed, "big.raw") {
-		t.Errorf("big.raw is shown; its L1 table is more than the mount's metadata memory")
+	for i := 0; i < 3; i++ {
+		if got := listWithin(t, filepath.Join(m.Dir, "fast"), 10*time.Second); !slices.Contains(got, "canary.raw") {
+			t.Fatalf("fast lists %q", got)
+		}
+		if b, err := probeImage(t, filepath.Join(m.Dir, "fast", "canary.raw")); err != nil || b[0] != 0x61 {
+			t.Fatalf("the canary: %v", err)
+		}
+		listWithin(t, m.Dir, 10*time.Second)
 	}
-	log := m.LogText(t)
-	if !strings.Contains(log, "image="+big) || !strings.Contains(log, "--metadata-memory") {
-		t.Errorf("no log line refuses big.qcow2 naming --metadata-memory:\n%s", log)
+	select {
+	case names := <-stuckList:
+		t.Fatalf("the stuck folder listed %q before its disk answered", names)
+	default:
 	}
-	if b, err := probeImage(t, filepath.Join(m.Dir, "canary.raw")); err != nil || b[0] != 0x61 {
-		t.Errorf("the canary: %v", err)
+	release()
+	select {
+	case names := <-stuckList:
+		if !slices.Contains(names, "stuck.raw") {
+			t.Errorf("the stuck folder lists %q once its disk answers", names)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stuck folder's listing did not finish after its disk answered")
 	}
 	m.NoPanics(t)
-	boundedAll(t, append(hostile, big))
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -20,8 +19,7 @@ import (
 // served (one log line names the image and the lock), unless --force-share;
 // once qemu lets go, it is shown.
 func TestLockQemuWriting(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	busy := filepath.Join(src, "busy.qcow2")
 	qemu.Create(t, "qcow2", busy, "4M")
 	qemu.Create(t, "qcow2", filepath.Join(src, "free.qcow2"), "4M")
@@ -53,8 +51,7 @@ func TestLockQemuWriting(t *testing.T) {
 // image for writing (qemu's own error), though it can still read it; after
 // the last close, qemu can write it again.
 func TestLockOnlyWhileOpen(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	img := filepath.Join(src, "vm.qcow2")
 	qemu.Create(t, "qcow2", img, "4M")
 	m := harness.Mount(t, src)
@@ -68,24 +65,22 @@ func TestLockOnlyWhileOpen(t *testing.T) {
 	qemu.IO(t, img, "write -P 0x11 0 64k")
 	qemu.Img(t, "snapshot", "-c", "listed", img)
 
-	// Open: qemu cannot write, but can read.
-	f, err := os.Open(filepath.Join(m.Dir, "vm.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("qemu-io", "-f", "qcow2", "-c", "write 0 4k", img).CombinedOutput()
-	if err == nil || !strings.Contains(string(out), `Failed to get "write" lock`) {
-		t.Errorf("qemu-io writing an image open in the mount: %v, %s; want qemu's write lock error", err, out)
-	}
-	if out, err := exec.Command("qemu-img", "info", img).CombinedOutput(); err != nil {
-		t.Errorf("qemu-img info (a reader) on an open image: %v, %s", err, out)
-	}
-	f.Close()
+	lockedWhileOpen(t, filepath.Join(m.Dir, "vm.raw"), img, "write 0 4k")
+}
 
-	// Closed again (release is asynchronous in the kernel: FUSE sends
-	// RELEASE after close returns), then qemu writes it.
-	harness.WaitFor(t, "the image's locks to be dropped after close", 5*time.Second, func() bool {
-		return exec.Command("qemu-io", "-f", "qcow2", "-c", "write 0 4k", img).Run() == nil
+// lockedWhileOpen opens file, a file of a mount that shows img: while it
+// is open, qemu cannot write img (qemu-io's write, qemu's own lock error)
+// but can read it (qemu-img info); once it is closed (release is
+// asynchronous in the kernel: FUSE sends RELEASE after close returns),
+// qemu writes it.
+func lockedWhileOpen(t *testing.T, file, img, write string) {
+	t.Helper()
+	f := harness.Open(t, file)
+	qemu.WantLocked(t, `Failed to get "write" lock`, "qemu-io", "-f", "qcow2", "-c", write, img)
+	qemu.Img(t, "info", img)
+	f.Close()
+	harness.WaitFor(t, "the image's locks to be dropped after "+filepath.Base(file)+" is closed", 5*time.Second, func() bool {
+		return harness.Exec(t, "qemu-io", "-f", "qcow2", "-c", write, img).Code == 0
 	})
 }
 
@@ -93,8 +88,7 @@ func TestLockOnlyWhileOpen(t *testing.T) {
 // qemu-img creates, converts, snapshots and writes images in the source
 // folder, every time without a lock error.
 func TestListingNeverBlocksQemu(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	base := filepath.Join(src, "base.qcow2")
 	qemu.Create(t, "qcow2", base, "8M")
 	m := harness.Mount(t, src)
@@ -117,9 +111,7 @@ func TestListingNeverBlocksQemu(t *testing.T) {
 		}
 	}()
 	for i := 0; i < 20; i++ {
-		p := filepath.Join(src, fmt.Sprintf("new%d.qcow2", i))
-		qemu.Create(t, "qcow2", p, "4M")
-		qemu.IO(t, p, "write -P 0x22 0 64k")
+		p := qemu.Make(t, filepath.Join(src, fmt.Sprintf("new%d.qcow2", i)), "4M", "write -P 0x22 0 64k")
 		qemu.Img(t, "snapshot", "-c", "s", p)
 		qemu.Img(t, "convert", "-O", "qcow2", p, filepath.Join(src, fmt.Sprintf("conv%d.qcow2", i)))
 		qemu.IO(t, base, fmt.Sprintf("write -P %d %d 4k", i+1, i*4096))
@@ -148,8 +140,7 @@ func refusalLines(log, image string) []string {
 // does: the lock let go and taken again, or the image replaced by another
 // one that is refused too.
 func TestRefusalLog(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	busy := filepath.Join(src, "busy.qcow2")
 	qemu.Create(t, "qcow2", busy, "4M")
 	bad := filepath.Join(src, "bad.qcow2")
@@ -229,11 +220,7 @@ func TestLockSnapshotAndPartitionFiles(t *testing.T) {
 	work := t.TempDir()
 	disk := filepath.Join(work, "disk.img")
 	qemu.Run(t, "truncate", "-s", "8M", disk)
-	sfdisk := exec.Command("sfdisk", "-q", disk)
-	sfdisk.Stdin = strings.NewReader("label: dos\n,4MiB,83\n")
-	if out, err := sfdisk.CombinedOutput(); err != nil {
-		t.Fatalf("sfdisk: %v %s", err, out)
-	}
+	harness.Partition(t, disk, "label: dos\n,4MiB,83\n")
 	src := qemu.TempDir(t)
 	img := filepath.Join(src, "vm.qcow2")
 	qemu.Img(t, "convert", "-O", "qcow2", disk, img)
@@ -245,21 +232,7 @@ func TestLockSnapshotAndPartitionFiles(t *testing.T) {
 			// Written while closed, after the partition table (the
 			// write also makes a new version of the image).
 			qemu.IO(t, img, "write -P 0x44 6M 4k")
-			f, err := os.Open(filepath.Join(m.Dir, name))
-			if err != nil {
-				t.Fatal(err)
-			}
-			out, err := exec.Command("qemu-io", "-f", "qcow2", "-c", "write 6M 4k", img).CombinedOutput()
-			if err == nil || !strings.Contains(string(out), `Failed to get "write" lock`) {
-				t.Errorf("qemu-io writing the image while %s is open: %v, %s; want qemu's write lock error", name, err, out)
-			}
-			if out, err := exec.Command("qemu-img", "info", img).CombinedOutput(); err != nil {
-				t.Errorf("qemu-img info (a reader) while %s is open: %v, %s", name, err, out)
-			}
-			f.Close()
-			harness.WaitFor(t, "the image's locks to be dropped after "+name+" is closed", 5*time.Second, func() bool {
-				return exec.Command("qemu-io", "-f", "qcow2", "-c", "write 6M 4k", img).Run() == nil
-			})
+			lockedWhileOpen(t, filepath.Join(m.Dir, name), img, "write 6M 4k")
 		})
 	}
 }
@@ -293,8 +266,7 @@ func holderName(t *testing.T, pid int, mnt string) string {
 // the other qcowfs by pid and mount point, or a qemu-io by name and pid.
 // Once the holder lets go, the image opens for writing again.
 func TestTwoWritableMounts(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	img := filepath.Join(src, "vm.qcow2")
 	qemu.Create(t, "qcow2", img, "8M")
 	a := harness.Mount(t, src, "--writable")
@@ -327,11 +299,7 @@ func TestTwoWritableMounts(t *testing.T) {
 			t.Errorf("%s: open for writing in the second mount: %v, want EBUSY", what, err)
 		}
 	}
-	fa, err := os.OpenFile(filepath.Join(a.Dir, "vm.raw"), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fa.Close()
+	fa := harness.OpenFile(t, filepath.Join(a.Dir, "vm.raw"), os.O_RDWR)
 	// Listed by the second mount before: the open meets the locks.
 	wantBusy("listed before", os.O_RDWR)
 	if log := b.LogText(t); !strings.Contains(log, `in use by `+holder+` holding the \"write\" lock (byte 101)`) {

@@ -346,10 +346,12 @@ func (e EncImage) CompareRaw(t testing.TB, raw string, extra ...string) {
 	}
 }
 
-// KeyDir writes a --key-dir for the images below root: DIR/REL, REL being
-// each encrypted file's path relative to root, holding its passphrase.
-func KeyDir(t testing.TB, dir, root string, images []EncImage) {
+// KeyDir writes a --key-dir for the images below root, a fresh folder that
+// it returns: DIR/REL, REL being each encrypted file's path relative to
+// root, holding its passphrase.
+func KeyDir(t testing.TB, root string, images []EncImage) string {
 	t.Helper()
+	dir := t.TempDir()
 	for _, e := range images {
 		for name, pass := range e.Secrets {
 			rel, err := filepath.Rel(root, filepath.Join(filepath.Dir(e.Path), name))
@@ -363,4 +365,5 @@ func KeyDir(t testing.TB, dir, root string, images []EncImage) {
 			}
 		}
 	}
+	return dir
 }

@@ -49,3 +49,15 @@ func HoldOpen(t testing.TB, image string) (pid int, release func()) {
 	t.Cleanup(release)
 	return cmd.Process.Pid, release
 }
+
+// WantLocked fails the test unless qemu's tool (qemu-img or qemu-io), run
+// with args on an image that something holds, fails saying want: its
+// lock error, such as `Failed to get "write" lock`.
+func WantLocked(t testing.TB, want, tool string, args ...string) {
+	t.Helper()
+	Require(t, tool)
+	out, err := exec.Command(tool, args...).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), want) {
+		t.Errorf("%s %s: %v, %s; want qemu's lock error %q", tool, strings.Join(args, " "), err, out, want)
+	}
+}

@@ -1,10 +1,10 @@
 package qemu
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -151,7 +151,7 @@ func Matrix(t testing.TB, dir string) []Image {
 // lseek(SEEK_DATA), which counts dirty pages as data, qcowfs asks FIEMAP
 // after syncing the file, and qemu's preallocated-metadata detection goes
 // by st_blocks, which delayed allocation changes at writeback.
-func settle() { syscall.Sync() }
+func settle() { unix.Sync() }
 
 // patternWrites returns qemu-io commands that exercise a disk of the given
 // size and cluster size: patterns at unaligned offsets, writes across
@@ -220,4 +220,68 @@ func StatusMatrix(t testing.TB, dir string) []Image {
 	unix.Sync()
 	settle()
 	return images
+}
+
+// FormImages are images of the fields and forms the matrix lacks, for the
+// golden tests of info, map and check: dirty and corrupt bits, encryption
+// (LUKS and legacy AES), raw files, a name that JSON must escape, zstd
+// with 1-bit refcounts and an absolute backing name, files too short to
+// be qcow2, a missing backing file. first is an image of the matrix
+// (version 2): the backing file of two of them, and the head of the short
+// ones.
+func FormImages(t testing.TB, dir, first string) []Image {
+	t.Helper()
+	var out []Image
+	add := func(name, path string) { out = append(out, Image{Name: name, Path: path}) }
+	for _, c := range []struct {
+		name string
+		bit  byte
+		opts []string
+	}{{"dirty", 1, []string{"-o", "lazy_refcounts=on"}}, {"corrupt", 2, nil}} {
+		p := filepath.Join(dir, c.name+".qcow2")
+		Create(t, "qcow2", p, "1M", c.opts...)
+		IO(t, p, "write -P 0x12 0 4k")
+		SetIncompatible(t, p, c.bit)
+		add(c.name, p)
+	}
+	for _, format := range []string{"luks", "aes"} {
+		p := filepath.Join(dir, format+".qcow2")
+		CreateEncrypted(t, p, format)
+		add(format, p)
+	}
+	odd := filepath.Join(dir, "odd size.raw")
+	if err := os.WriteFile(odd, bytes.Repeat([]byte("raw!"), 2500), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	add("raw-odd-size", odd)
+	sparse := filepath.Join(dir, "sparse.raw")
+	Create(t, "raw", sparse, "3M")
+	add("raw-sparse", sparse)
+	// A name with a space, a quote, a backslash and non-ASCII letters,
+	// which qemu's JSON escapes its own way.
+	strange := filepath.Join(dir, `vm "ü" \ 東.qcow2`)
+	Create(t, "qcow2", strange, "1M", "-b", filepath.Base(first), "-F", "qcow2")
+	add("strange-name", strange)
+	// Other compression, refcount width and an absolute backing name.
+	zstd := filepath.Join(dir, "zstd.qcow2")
+	Create(t, "qcow2", zstd, "3M", "-o", "compression_type=zstd,refcount_bits=1,extended_l2=on,cluster_size=16384", "-b", first, "-F", "qcow2")
+	add("zstd", zstd)
+	// The first 4, 7 and 8 bytes of a version 2 image: the first two are
+	// raw to qemu (the version reads as 0), the third a qcow2 image too
+	// short to open.
+	head, err := os.ReadFile(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{4, 7, 8} {
+		p := filepath.Join(dir, fmt.Sprintf("short-%d.qcow2", n))
+		if err := os.WriteFile(p, head[:n], 0o644); err != nil {
+			t.Fatal(err)
+		}
+		add(fmt.Sprintf("short-%d", n), p)
+	}
+	orphan := filepath.Join(dir, "orphan.qcow2")
+	Img(t, "create", "-q", "-u", "-f", "qcow2", "-b", "gone.qcow2", "-F", "qcow2", orphan, "1M")
+	add("orphan", orphan)
+	return out
 }

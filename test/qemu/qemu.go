@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -71,6 +72,17 @@ func Create(t testing.TB, format, path, size string, extra ...string) {
 	Img(t, append(args, path, size)...)
 }
 
+// Make creates a qcow2 image of size at path and writes it with qemu-io,
+// each of writes one command ("write -P 0x61 0 1M"); it returns path.
+func Make(t testing.TB, path, size string, writes ...string) string {
+	t.Helper()
+	Create(t, "qcow2", path, size)
+	if len(writes) > 0 {
+		IO(t, path, writes...)
+	}
+	return path
+}
+
 // CreateEncrypted makes a 1 MiB qcow2 image encrypted with format "luks"
 // or "aes", with the passphrase "123456".
 func CreateEncrypted(t testing.TB, path, format string) {
@@ -102,6 +114,17 @@ func ToRaw(t testing.TB, image, raw string) string {
 	t.Helper()
 	Img(t, "convert", "-O", "raw", image, raw)
 	return raw
+}
+
+// RawBytes is what qemu-img convert -O raw makes of image: the bytes a
+// mount of it must read.
+func RawBytes(t testing.TB, image string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(ToRaw(t, image, filepath.Join(t.TempDir(), "image.raw")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // Info returns `qemu-img info --output=json` for image, decoded.

@@ -1,5 +1,8 @@
 package read
 
+// Guest disks: the partition files of GPT and MBR disks, a damaged or
+// rewritten table; a guest partition loop-mounted from a disk file.
+
 import (
 	"bytes"
 	"crypto/sha256"
@@ -8,11 +11,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -64,13 +65,9 @@ func makeMBRDisk(t *testing.T, work, tree string) string {
 	t.Helper()
 	disk := filepath.Join(work, "mbr.img")
 	qemu.Run(t, "truncate", "-s", "96M", disk)
-	sfdisk := exec.Command("sfdisk", "-q", disk)
 	// After an extended partition that fills the disk, sfdisk makes the
 	// following lines logical partitions (5, 6).
-	sfdisk.Stdin = strings.NewReader("label: dos\n,16MiB,c\n,,E\n,48MiB,L\n,20MiB,c\n")
-	if out, err := sfdisk.CombinedOutput(); err != nil {
-		t.Fatalf("sfdisk: %v %s", err, out)
-	}
+	harness.Partition(t, disk, "label: dos\n,16MiB,c\n,,E\n,48MiB,L\n,20MiB,c\n")
 	parts := sfdiskParts(t, disk)
 	fill := func(n int, mkfs ...string) {
 		img := filepath.Join(work, fmt.Sprintf("p%d.img", n))
@@ -82,17 +79,6 @@ func makeMBRDisk(t *testing.T, work, tree string) string {
 	fill(5, "mkfs.ext4", "-q", "-F", "-d", tree)
 	fill(6, "mkfs.vfat", "-n", "SIX")
 	return disk
-}
-
-// partRuns walks a partition file with SEEK_DATA/SEEK_HOLE.
-func partRuns(t *testing.T, path string) [][2]int64 {
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	st, _ := f.Stat()
-	return harness.SeekRuns(t, f, st.Size())
 }
 
 // clipRuns shifts the disk's data runs into a partition's frame.
@@ -153,10 +139,7 @@ func TestPartitionFiles(t *testing.T) {
 			if got := harness.Names(t, dir); !slices.Equal(got, wantNames) {
 				t.Fatalf("%s lists %q, sfdisk sees %q", dir, got, wantNames)
 			}
-			qraw, err := os.ReadFile(qemu.ToRaw(t, filepath.Join(src, name+".qcow2"), filepath.Join(t.TempDir(), "disk.raw")))
-			if err != nil {
-				t.Fatal(err)
-			}
+			qraw := qemu.RawBytes(t, filepath.Join(src, name+".qcow2"))
 			diskFile, _ := os.Open(filepath.Join(m.Dir, name+".raw"))
 			defer diskFile.Close()
 			diskRuns := harness.SeekRuns(t, diskFile, int64(len(qraw)))
@@ -166,7 +149,7 @@ func TestPartitionFiles(t *testing.T) {
 				if err != nil || !bytes.Equal(got, qraw[r[0]:r[0]+r[1]]) {
 					t.Errorf("p%d: %v, or its bytes differ from the disk's range [%d, +%d)", n, err, r[0], r[1])
 				}
-				if runs := partRuns(t, p); !slices.Equal(runs, clipRuns(diskRuns, r[0], r[1])) {
+				if runs := harness.FileRuns(t, p); !slices.Equal(runs, clipRuns(diskRuns, r[0], r[1])) {
 					t.Errorf("p%d: holes %v differ from the disk's in that range %v", n, runs, clipRuns(diskRuns, r[0], r[1]))
 				}
 				var data int64
@@ -174,8 +157,8 @@ func TestPartitionFiles(t *testing.T) {
 					data += x[1] - x[0]
 				}
 				harness.WaitFor(t, fmt.Sprintf("st_blocks of p%d", n), 10*time.Second, func() bool {
-					var st syscall.Stat_t
-					syscall.Stat(p, &st)
+					var st unix.Stat_t
+					unix.Stat(p, &st)
 					return st.Blocks == (data+511)/512
 				})
 			}
@@ -188,9 +171,9 @@ func TestPartitionFiles(t *testing.T) {
 			guest := t.TempDir()
 			qemu.Run(t, "mount", "-t", "ext4", "-o", "loop,ro,noload", ext4, guest)
 			t.Cleanup(func() {
-				if out, err := exec.Command("umount", guest).CombinedOutput(); err != nil {
-					t.Errorf("umount: %v %s", err, out)
-					exec.Command("umount", "-l", guest).Run()
+				if r := harness.Exec(t, "umount", guest); r.Code != 0 {
+					t.Errorf("umount: exit status %d %s", r.Code, r.Stderr)
+					harness.Exec(t, "umount", "-l", guest)
 				}
 			})
 			harness.CompareTrees(t, harness.ReadTree(t, guest), want)
@@ -198,14 +181,11 @@ func TestPartitionFiles(t *testing.T) {
 				if e.Sum == "" {
 					continue
 				}
-				cmd := exec.Command("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+				r := harness.Exec(t, "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
 					"debugfs", "-R", "cat /"+path, ext4)
-				var stderr bytes.Buffer
-				cmd.Stderr = &stderr
-				out, err := cmd.Output()
-				sum := sha256.Sum256(out)
-				if err != nil || hex.EncodeToString(sum[:]) != e.Sum {
-					t.Errorf("debugfs as nobody, cat /%s: %v, sha256 %x, want %s\n%s", path, err, sum, e.Sum, stderr.String())
+				sum := sha256.Sum256([]byte(r.Stdout))
+				if r.Code != 0 || hex.EncodeToString(sum[:]) != e.Sum {
+					t.Errorf("debugfs as nobody, cat /%s: exit status %d, sha256 %x, want %s\n%s", path, r.Code, sum, e.Sum, r.Stderr)
 				}
 				break // one file is enough to show unprivileged access
 			}
@@ -232,22 +212,14 @@ func TestPartitionDamage(t *testing.T) {
 
 	gpt := filepath.Join(work, "gpt.img")
 	qemu.Run(t, "truncate", "-s", "16M", gpt)
-	sfdisk := exec.Command("sfdisk", "-q", gpt)
-	sfdisk.Stdin = strings.NewReader("label: gpt\nsize=4MiB\nsize=4MiB\n")
-	if out, err := sfdisk.CombinedOutput(); err != nil {
-		t.Fatalf("sfdisk: %v %s", err, out)
-	}
+	harness.Partition(t, gpt, "label: gpt\nsize=4MiB\nsize=4MiB\n")
 	want := sfdiskParts(t, gpt)
 	qemu.WriteAt(t, gpt, 512, bytes.Repeat([]byte{0xee}, 92)) // the primary GPT header
 	qemu.Img(t, "convert", "-q", "-f", "raw", "-O", "qcow2", gpt, filepath.Join(src, "gpt.qcow2"))
 
 	mbr := filepath.Join(work, "mbr.img")
 	qemu.Run(t, "truncate", "-s", "16M", mbr)
-	sfdisk = exec.Command("sfdisk", "-q", mbr)
-	sfdisk.Stdin = strings.NewReader("label: dos\nsize=4MiB, type=83\nsize=4MiB, type=83\n")
-	if out, err := sfdisk.CombinedOutput(); err != nil {
-		t.Fatalf("sfdisk: %v %s", err, out)
-	}
+	harness.Partition(t, mbr, "label: dos\nsize=4MiB, type=83\nsize=4MiB, type=83\n")
 	// Partition 2's size field (entry 2 at 446+16, size at +12): 1 GiB.
 	binary32 := []byte{0, 0, 0x20, 0}
 	qemu.WriteAt(t, mbr, 446+16+12, binary32)
@@ -275,11 +247,7 @@ func TestPartitionDamage(t *testing.T) {
 	}
 	// Holes past a partition's end are not the partition's: SEEK_DATA
 	// past its end is ENXIO.
-	f, err := os.Open(filepath.Join(m.Dir, "mbr.raw.parts", "p1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f := harness.Open(t, filepath.Join(m.Dir, "mbr.raw.parts", "p1"))
 	if _, err := unix.Seek(int(f.Fd()), 4<<20, unix.SEEK_DATA); !errors.Is(err, unix.ENXIO) {
 		t.Errorf("SEEK_DATA at the end of p1: %v, want ENXIO", err)
 	}
@@ -314,11 +282,7 @@ func TestPartitionTableWritten(t *testing.T) {
 			m := harness.Mount(t, src, args...)
 			partition := func(disk, table string) {
 				t.Helper()
-				sfdisk := exec.Command("sfdisk", "-q", disk)
-				sfdisk.Stdin = strings.NewReader(table)
-				if out, err := sfdisk.CombinedOutput(); err != nil {
-					t.Fatalf("sfdisk %s: %v\n%s", disk, err, out)
-				}
+				harness.Partition(t, disk, table)
 			}
 			wantSize := func(path string, size int64) {
 				t.Helper()
@@ -333,9 +297,7 @@ func TestPartitionTableWritten(t *testing.T) {
 				dev, detach := harness.AttachLoop(t, p1)
 				qemu.Run(t, "mkfs.ext4", "-q", "-F", dev)
 				detach()
-				if out, err := exec.Command("e2fsck", "-fn", p1).CombinedOutput(); err != nil {
-					t.Errorf("e2fsck -fn %s: %v\n%s", p1, err, out)
-				}
+				harness.Fsck(t, p1)
 				wantSize(p1, 16<<20)
 				if name == "kept" {
 					continue
@@ -360,9 +322,7 @@ func TestPartitionTableWritten(t *testing.T) {
 			part := filepath.Join(t.TempDir(), "p1.img")
 			qemu.Run(t, "dd", "if="+raw, "of="+part, "bs=1M", "iflag=skip_bytes,count_bytes",
 				fmt.Sprintf("skip=%d", r[0]), fmt.Sprintf("count=%d", r[1]), "status=none")
-			if out, err := exec.Command("e2fsck", "-fn", part).CombinedOutput(); err != nil {
-				t.Errorf("e2fsck -fn of p1 in qemu-img convert's output: %v\n%s", err, out)
-			}
+			harness.Fsck(t, part) // p1 in qemu-img convert's output
 		})
 	}
 }
@@ -377,11 +337,7 @@ func TestPartitionTableFromOutside(t *testing.T) {
 	work := t.TempDir()
 	table := filepath.Join(work, "table.img")
 	qemu.Run(t, "truncate", "-s", "64M", table)
-	sfdisk := exec.Command("sfdisk", "-q", table)
-	sfdisk.Stdin = strings.NewReader("label: dos\nstart=2048, size=16MiB, type=83\n")
-	if out, err := sfdisk.CombinedOutput(); err != nil {
-		t.Fatalf("sfdisk: %v\n%s", err, out)
-	}
+	harness.Partition(t, table, "label: dos\nstart=2048, size=16MiB, type=83\n")
 	mbr := filepath.Join(work, "mbr.bin")
 	qemu.Run(t, "dd", "if="+table, "of="+mbr, "bs=512", "count=1", "status=none")
 
@@ -396,5 +352,52 @@ func TestPartitionTableFromOutside(t *testing.T) {
 	qemu.IO(t, img, "write -s "+mbr+" 0 512")
 	if st, err := os.Stat(filepath.Join(parts, "p1")); err != nil || st.Size() != 16<<20 {
 		t.Errorf("stat p1 after qemu-io wrote the table: %v, %v; want %d bytes", st, err, 16<<20)
+	}
+}
+
+// TestLoopMountGuestPartition is what a user does with an exposed raw file:
+// attach it to a loop device, find the partition in it and mount the guest
+// file system. The kernel, not qemu, reads the disk here: page-sized reads
+// through the loop driver, ext4's own readahead, the GPT read by partx or
+// the kernel. The files read back must be the files put in, byte for byte.
+func TestLoopMountGuestPartition(t *testing.T) {
+	harness.RequireFUSE(t)
+	qemu.Require(t, "sfdisk", "mkfs.ext4", "losetup", "partx", "mount")
+
+	work := qemu.TempDir(t)
+	want := harness.WriteGuestTree(t, filepath.Join(work, "tree"))
+	disk := harness.MakeGuestDisk(t, work, filepath.Join(work, "tree"))
+
+	for _, v := range []struct {
+		name string
+		opts []string // for qemu-img convert
+	}{
+		{"plain", nil},
+		// Random data does not compress, so this image mixes
+		// compressed clusters (text, ext4 metadata) with clusters qemu
+		// stored uncompressed.
+		{"compressed", []string{"-c"}},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			src := qemu.TempDir(t)
+			args := append(append([]string{"convert", "-q", "-f", "raw", "-O", "qcow2"}, v.opts...),
+				disk, filepath.Join(src, "disk.qcow2"))
+			qemu.Img(t, args...)
+
+			// Each step registers its own undoing as soon as there
+			// is something to undo; Cleanup runs them last first,
+			// so the guest is unmounted, then the partitions and
+			// the loop device go, then the harness unmounts qcowfs.
+			m := harness.Mount(t, src)
+			dev, _ := harness.AttachLoop(t, filepath.Join(m.Dir, "disk.raw"), "-r", "-P")
+			part := harness.PartitionNode(t, dev)
+			guest, _ := harness.MountGuest(t, part, "ro,noload")
+
+			got := harness.ReadTree(t, guest)
+			harness.CompareTrees(t, got, want)
+			if log := m.LogText(t); strings.Contains(log, "level=ERROR") {
+				t.Errorf("the daemon logged errors:\n%s", log)
+			}
+		})
 	}
 }

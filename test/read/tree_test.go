@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -24,8 +23,7 @@ func virtualSize(t testing.TB, image string) int64 {
 // TestTreeMirrorsSource checks the naming rule, recursion, plain files,
 // sizes, times, permissions and inode numbers through a real mount.
 func TestTreeMirrorsSource(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	for _, p := range []string{"a.qcow2", "disk", "vm.qcow2", "vm.img", "sub/deep/x.QCOW2"} {
 		os.MkdirAll(filepath.Dir(filepath.Join(src, p)), 0o755)
 		qemu.Create(t, "qcow2", filepath.Join(src, p), "3M")
@@ -101,8 +99,7 @@ func TestTreeMirrorsSource(t *testing.T) {
 
 // TestTreeFollowsChanges adds and removes images while mounted.
 func TestTreeFollowsChanges(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	qemu.Create(t, "qcow2", filepath.Join(src, "one.qcow2"), "1M")
 	m := harness.Mount(t, src)
 	if got := harness.Names(t, m.Dir); !slices.Equal(got, []string{"one.raw"}) {
@@ -150,11 +147,8 @@ func corruptFirstL2Entry(t testing.TB, path string) {
 // (one log line naming it), and that reads hitting corrupt metadata fail
 // with EIO for that read only, logged once, while other images read fine.
 func TestBadImages(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
-	good := filepath.Join(src, "good.qcow2")
-	qemu.Create(t, "qcow2", good, "4M")
-	qemu.IO(t, good, "write -P 0x61 0 1M")
+	src := harness.SourceDir(t)
+	good := qemu.Make(t, filepath.Join(src, "good.qcow2"), "4M", "write -P 0x61 0 1M")
 
 	// cluster_bits = 40: refused at open.
 	badHeader := filepath.Join(src, "badheader.qcow2")
@@ -162,20 +156,15 @@ func TestBadImages(t *testing.T) {
 	qemu.PatchU(t, badHeader, qemu.HeaderClusterBits, 4, 40)
 
 	// The first cluster's L2 entry points past the end of the file.
-	badL2 := filepath.Join(src, "badl2.qcow2")
-	qemu.Create(t, "qcow2", badL2, "4M")
-	qemu.IO(t, badL2, "write -P 0x62 0 256k")
+	badL2 := qemu.Make(t, filepath.Join(src, "badl2.qcow2"), "4M", "write -P 0x62 0 256k")
 	// What qemu reads of it before the damage, for the intact part.
-	pristine, err := os.ReadFile(qemu.ToRaw(t, badL2, filepath.Join(t.TempDir(), "pristine")))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pristine := qemu.RawBytes(t, badL2)
 	corruptFirstL2Entry(t, badL2)
 	// The oracle: qemu-img check calls it corrupt (exit status 2). (qemu
 	// itself would read zeros there, as its file driver pads reads past
 	// the end of the file; qcowfs fails the read instead of inventing
 	// data for a cluster the image does not hold.)
-	if r := harness.RunCmd(t, exec.Command("qemu-img", "check", badL2)); r.Code != 2 {
+	if r := harness.Exec(t, "qemu-img", "check", badL2); r.Code != 2 {
 		t.Fatalf("qemu-img check on the damaged image: exit status %d, want 2\n%s", r.Code, r.Stdout)
 	}
 
@@ -189,11 +178,7 @@ func TestBadImages(t *testing.T) {
 		t.Errorf("want exactly one log line naming badheader.qcow2 and cluster_bits, got %d:\n%s", n, log)
 	}
 
-	bad, err := os.Open(filepath.Join(m.Dir, "badl2.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bad.Close()
+	bad := harness.Open(t, filepath.Join(m.Dir, "badl2.raw"))
 	buf := make([]byte, 4096)
 	for i := 0; i < 3; i++ {
 		if _, err := bad.ReadAt(buf, 0); !errors.Is(err, syscall.EIO) {
@@ -214,8 +199,7 @@ func TestBadImages(t *testing.T) {
 // shows it), and listings include "." and ".." with the inode numbers stat
 // reports for the folder and its parent.
 func TestRootInodeAndDots(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	os.MkdirAll(filepath.Join(src, "sub"), 0o755)
 	qemu.Create(t, "qcow2", filepath.Join(src, "sub", "a.qcow2"), "1M")
 	m := harness.Mount(t, src)
@@ -230,18 +214,15 @@ func TestRootInodeAndDots(t *testing.T) {
 	if root == 0 {
 		t.Fatal("the mount root has inode number 0")
 	}
-	out, err := exec.Command("ls", "-id", m.Dir).CombinedOutput()
-	if err != nil || strings.HasPrefix(string(out), "?") {
-		t.Fatalf("ls -id: %v, %s", err, out)
+	if r := harness.Exec(t, "ls", "-id", m.Dir); r.Code != 0 || strings.HasPrefix(r.Stdout, "?") {
+		t.Fatalf("ls -id: exit status %d, %s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	// ls -ai lists what readdir returns for "." and "..".
 	dots := func(dir string) map[string]string {
-		out, err := exec.Command("ls", "-ai1", dir).Output()
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := harness.Exec(t, "ls", "-ai1", dir)
+		harness.WantOK(t, "ls -ai1", r)
 		got := map[string]string{}
-		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		for _, line := range strings.Split(strings.TrimSpace(r.Stdout), "\n") {
 			f := strings.Fields(line)
 			if len(f) == 2 {
 				got[f[1]] = f[0]

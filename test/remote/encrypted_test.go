@@ -3,7 +3,6 @@ package remote
 import (
 	"bytes"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -33,8 +32,7 @@ func TestRemoteEncryptedHTTP(t *testing.T) {
 		{Cipher: "twofish-256", Mode: "cbc", Ivgen: "essiv", IvgenHash: "sha256", Hash: "sha1"},
 		{Cipher: "cast5-128", Mode: "ctr", Ivgen: "plain64", Hash: "sha512"},
 	})
-	kdir := t.TempDir()
-	qemu.KeyDir(t, kdir, src, images)
+	kdir := qemu.KeyDir(t, src, images)
 	ng := servers.StartNginx(t, root, false)
 	expect := t.TempDir()
 	for _, e := range images {
@@ -42,22 +40,14 @@ func TestRemoteEncryptedHTTP(t *testing.T) {
 			url := ng.URL + "/m/" + filepath.Base(e.Path)
 			m := mountRemote(t, harness.Daemon{Racy: true}, url, "--key-dir", kdir)
 			got := filepath.Join(m.Dir, e.Name+".raw")
-			f, err := os.Open(got)
-			if err != nil {
-				t.Fatalf("%v\n%s", err, m.Said)
-			}
-			defer f.Close()
-			st, _ := f.Stat()
-			runs := harness.SeekRuns(t, f, st.Size())
+			runs := harness.FileRuns(t, got)
 			remote := e
 			remote.Path = url
 			if q := remote.DataRuns(t); !reflect.DeepEqual(runs, q) {
 				t.Errorf("lseek data runs through the mount %v; qemu-img map of the URL with the secrets %v", runs, q)
 			}
 			want := e.ToRaw(t, filepath.Join(expect, e.Name+".raw"))
-			if b, err := exec.Command("cmp", got, want).CombinedOutput(); err != nil {
-				t.Fatalf("cmp: %v\n%s", err, b)
-			}
+			harness.WantOK(t, "cmp", harness.Exec(t, "cmp", got, want))
 			served, _ := os.ReadFile(e.Path)
 			if bytes.Contains(served, bytes.Repeat([]byte{0x11}, 4096)) {
 				t.Error("the server holds written data in the clear")
@@ -85,8 +75,7 @@ func TestRemoteEncryptedS3(t *testing.T) {
 	srv := startS3(t, "images")
 	work := qemu.TempDir(t)
 	images := qemu.EncryptedMatrix(t, work, nil)
-	kdir := t.TempDir()
-	qemu.KeyDir(t, kdir, work, images)
+	kdir := qemu.KeyDir(t, work, images)
 	os.Remove(filepath.Join(kdir, "luks-c2m.qcow2")) // its key is the --key-file
 	keyFile := filepath.Join(t.TempDir(), "key")
 	os.WriteFile(keyFile, []byte("pass-luks-c2m"), 0o600)
@@ -108,9 +97,7 @@ func TestRemoteEncryptedS3(t *testing.T) {
 		}
 		t.Run(e.Name, func(t *testing.T) {
 			want := e.ToRaw(t, filepath.Join(expect, e.Name+".raw"))
-			if b, err := exec.Command("cmp", filepath.Join(m.Dir, e.Name+".raw"), want).CombinedOutput(); err != nil {
-				t.Fatalf("cmp: %v\n%s", err, b)
-			}
+			harness.WantOK(t, "cmp", harness.Exec(t, "cmp", filepath.Join(m.Dir, e.Name+".raw"), want))
 		})
 	}
 	m.NoPanics(t)
@@ -125,9 +112,7 @@ func TestRemoteEncryptedS3(t *testing.T) {
 // http itself, and finds the model; the written data is not in the
 // overlay in the clear; the server got only GETs and HEADs.
 func TestRemoteEncryptedOverlay(t *testing.T) {
-	harness.RequireFUSE(t)
-	qemu.Require(t, "qemu-img", "qemu-io")
-	root := qemu.TempDir(t)
+	root := harness.SourceDir(t)
 	base := filepath.Join(root, "vm.qcow2")
 	qemu.CreateLUKS(t, base, "remote pass", "16M", "")
 	e := qemu.EncImage{Name: "vm", Path: base, Secrets: map[string]string{"vm.qcow2": "remote pass"}, Chain: []string{"vm.qcow2"}}
@@ -137,18 +122,14 @@ func TestRemoteEncryptedOverlay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kdir := t.TempDir()
-	qemu.KeyDir(t, kdir, root, []qemu.EncImage{e})
+	kdir := qemu.KeyDir(t, root, []qemu.EncImage{e})
 	ng := servers.StartNginx(t, root, false)
 	url := ng.URL + "/vm.qcow2"
 	ov := filepath.Join(t.TempDir(), "overlays")
 
 	m := mountRemote(t, harness.Racy, url, "--writable", "--overlay", ov, "--key-dir", kdir)
 	data := bytes.Repeat([]byte("remote overlay, encrypted. "), 4000)
-	f, err := os.OpenFile(filepath.Join(m.Dir, "vm.raw"), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := harness.OpenFile(t, filepath.Join(m.Dir, "vm.raw"), os.O_RDWR)
 	if _, err := f.WriteAt(data, 2<<20+123); err != nil {
 		t.Fatalf("writing through the mount: %v", err)
 	}
@@ -172,22 +153,10 @@ func TestRemoteEncryptedOverlay(t *testing.T) {
 	if out, err := curlQemu(t, append(o.Args(t, "compare"), "driver=raw,file.filename="+want)...); err != nil {
 		t.Errorf("qemu-img compare of the overlay (its base over http) with the model: %v\n%s", err, out)
 	}
-	notInClear(t, o.Path, data[:64])
+	harness.NotInClear(t, o.Path, data[:64])
 	for _, a := range ng.Log(t) {
 		if a.Method != "GET" && a.Method != "HEAD" {
 			t.Errorf("nginx got %s %s: an overlay mount only reads", a.Method, a.URI)
 		}
-	}
-}
-
-// notInClear fails the test if the file at path holds b.
-func notInClear(t *testing.T, path string, b []byte) {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if bytes.Contains(data, b) {
-		t.Errorf("%s holds written data in the clear", path)
 	}
 }

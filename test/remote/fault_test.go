@@ -28,12 +28,8 @@ func TestRemoteFaults(t *testing.T) {
 	harness.RequireFUSE(t)
 	srv := startS3(t, "faults")
 	work := qemu.TempDir(t)
-	victim := filepath.Join(work, "victim.qcow2")
-	qemu.Create(t, "qcow2", victim, "16M")
-	qemu.IO(t, victim, "write -P 0x5a 0 16M")
-	canary := filepath.Join(work, "canary.qcow2")
-	qemu.Create(t, "qcow2", canary, "8M")
-	qemu.IO(t, canary, "write -P 0xca 0 8M")
+	victim := qemu.Make(t, filepath.Join(work, "victim.qcow2"), "16M", "write -P 0x5a 0 16M")
+	canary := qemu.Make(t, filepath.Join(work, "canary.qcow2"), "8M", "write -P 0xca 0 8M")
 	putFile(t, srv, "faults", "img/victim.qcow2", victim)
 	putFile(t, srv, "faults", "img/canary.qcow2", canary)
 	wantVictim, err := os.ReadFile(wantRaw(t, work, victim))
@@ -48,16 +44,8 @@ func TestRemoteFaults(t *testing.T) {
 	proxy := servers.NewFaultProxy(t, srv.Endpoint)
 	m := mountRemote(t, harness.Daemon{Env: s3Env(t, srv.Access, srv.Secret), Racy: true}, "s3://faults/img/",
 		"--s3-endpoint", proxy.URL, "--remote-timeout=3s", "--remote-refresh=1h")
-	vf, err := os.Open(filepath.Join(m.Dir, "victim.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer vf.Close()
-	cf, err := os.Open(filepath.Join(m.Dir, "canary.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cf.Close()
+	vf := harness.Open(t, filepath.Join(m.Dir, "victim.raw"))
+	cf := harness.Open(t, filepath.Join(m.Dir, "canary.raw"))
 
 	// Each step reads its own MiB of the victim, so that neither the
 	// kernel's page cache nor the chunk cache has it yet.
@@ -143,9 +131,7 @@ func TestRemoteFaults(t *testing.T) {
 
 	// The object replaced while open: its reads fail, never mixing the
 	// two versions.
-	other := filepath.Join(work, "other.qcow2")
-	qemu.Create(t, "qcow2", other, "16M")
-	qemu.IO(t, other, "write -P 0x77 0 16M")
+	other := qemu.Make(t, filepath.Join(work, "other.qcow2"), "16M", "write -P 0x77 0 16M")
 	putFile(t, srv, "faults", "img/victim.qcow2", other)
 	wantEIO("replaced", 5*time.Second)
 	checkCanary("after the replacement")
@@ -166,11 +152,8 @@ func TestRemoteFaults(t *testing.T) {
 // mount fails, nothing is mounted), and mid-read (EIO and a log line; the
 // daemon stays up, and reads work again once the server honours Range).
 func TestRemoteIgnoredRange(t *testing.T) {
-	harness.RequireFUSE(t)
-	root := qemu.TempDir(t)
-	img := filepath.Join(root, "disk.qcow2")
-	qemu.Create(t, "qcow2", img, "16M")
-	qemu.IO(t, img, "write -P 0x5a 0 16M")
+	root := harness.SourceDir(t)
+	img := qemu.Make(t, filepath.Join(root, "disk.qcow2"), "16M", "write -P 0x5a 0 16M")
 	want, err := os.ReadFile(wantRaw(t, t.TempDir(), img))
 	if err != nil {
 		t.Fatal(err)
@@ -186,11 +169,7 @@ func TestRemoteIgnoredRange(t *testing.T) {
 	proxy.Clear()
 
 	m := mountRemote(t, harness.Daemon{}, url)
-	f, err := os.Open(filepath.Join(m.Dir, "disk.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f := harness.Open(t, filepath.Join(m.Dir, "disk.raw"))
 	read := func(mib int64) error {
 		buf := make([]byte, 64<<10)
 		_, err := f.ReadAt(buf, mib<<20)

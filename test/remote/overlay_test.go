@@ -45,20 +45,26 @@ func randomWrites(seed int64, n int, size int64) []patternWrite {
 	return ws
 }
 
-// makeBase makes a 64 MiB qcow2 image with data of its own at path.
-func makeBase(t testing.TB, path string) {
+// serveBase makes the base (makeBase) in a folder that nginx serves, and
+// returns it with its sha256 before the test and the server.
+func serveBase(t *testing.T) (base string, before [32]byte, ng *servers.Nginx) {
 	t.Helper()
-	qemu.Create(t, "qcow2", path, "64M")
-	qemu.IO(t, path, "write -P 0x11 0 2M", "write -P 0x22 10M 3M", "write -P 0x23 40M 64k", "write -P 0x24 63M 1M")
+	root := harness.SourceDir(t)
+	base = makeBase(t, root)
+	return base, sha(t, base), servers.StartNginx(t, root, false)
+}
+
+// makeBase makes dir/vm.qcow2, a 64 MiB qcow2 image with data of its own,
+// and returns its path.
+func makeBase(t testing.TB, dir string) string {
+	t.Helper()
+	return qemu.Make(t, filepath.Join(dir, "vm.qcow2"), "64M", "write -P 0x11 0 2M", "write -P 0x22 10M 3M", "write -P 0x23 40M 64k", "write -P 0x24 63M 1M")
 }
 
 // writeThrough writes ws into the raw file of a mount, then fsyncs it.
 func writeThrough(t testing.TB, raw string, ws []patternWrite) {
 	t.Helper()
-	f, err := os.OpenFile(raw, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := harness.OpenFile(t, raw, os.O_WRONLY)
 	defer f.Close()
 	for _, w := range ws {
 		if _, err := f.WriteAt(bytes.Repeat([]byte{w.b}, int(w.n)), w.off); err != nil {
@@ -103,12 +109,7 @@ func sha(t testing.TB, path string) [32]byte {
 // so in one line naming the image, both versions and the flag; with
 // --accept-changed-base it is served.
 func TestRemoteOverlayHTTP(t *testing.T) {
-	harness.RequireFUSE(t)
-	root := qemu.TempDir(t)
-	base := filepath.Join(root, "vm.qcow2")
-	makeBase(t, base)
-	before := sha(t, base)
-	ng := servers.StartNginx(t, root, false)
+	base, before, ng := serveBase(t)
 	url := ng.URL + "/vm.qcow2"
 	ov := filepath.Join(t.TempDir(), "overlays")
 	work := t.TempDir()
@@ -252,8 +253,7 @@ func qemuJSON(t testing.TB, path, url string) string {
 func TestRemoteOverlayS3(t *testing.T) {
 	srv := startS3(t, "vms")
 	work := qemu.TempDir(t)
-	base := filepath.Join(work, "vm.qcow2")
-	makeBase(t, base)
+	base := makeBase(t, work)
 	other := filepath.Join(work, "other.qcow2")
 	qemu.Create(t, "qcow2", other, "8M")
 	putFile(t, srv, "vms", "fleet/deep/vm.qcow2", base)
@@ -402,8 +402,7 @@ func TestRemoteOverlayGuest(t *testing.T) {
 // server, top unchanged: the overlay is refused, naming the base's URL and
 // both its versions; with --accept-changed-base it is served.
 func TestRemoteOverlayChain(t *testing.T) {
-	harness.RequireFUSE(t)
-	root := qemu.TempDir(t)
+	root := harness.SourceDir(t)
 	top := makeChain(t, root)
 	ng := servers.StartNginx(t, root, false)
 	url, baseURL := ng.URL+"/sub/top.qcow2", ng.URL+"/base.qcow2"
@@ -444,12 +443,7 @@ func TestRemoteOverlayChain(t *testing.T) {
 // After unmount the folder is gone, and the next mount reads the
 // original.
 func TestRemoteTempOverlay(t *testing.T) {
-	harness.RequireFUSE(t)
-	root := qemu.TempDir(t)
-	base := filepath.Join(root, "vm.qcow2")
-	makeBase(t, base)
-	before := sha(t, base)
-	ng := servers.StartNginx(t, root, false)
+	base, before, ng := serveBase(t)
 	url := ng.URL + "/vm.qcow2"
 	t.Setenv("TMPDIR", t.TempDir()) // the daemons' and qcowfs unmount's
 	work := t.TempDir()
@@ -496,8 +490,7 @@ func TestRemoteOverlayS3Version(t *testing.T) {
 	srv := servers.StartVersityWith(t, t.TempDir(), "qcowfs-test-access", "qcowfs-test-secret-0123456789", servers.VersityOptions{Versioning: true})
 	srv.MakeBucket(t, "vbucket", true)
 	work := qemu.TempDir(t)
-	base := filepath.Join(work, "vm.qcow2")
-	makeBase(t, base)
+	base := makeBase(t, work)
 	b, err := os.ReadFile(base)
 	if err != nil {
 		t.Fatal(err)

@@ -132,7 +132,7 @@ func sameBitmapMap(t *testing.T, image, name string) {
 	opts, stop := qemu.ServeBitmap(t, image, name)
 	defer stop()
 	for _, form := range [][]string{nil, {"--output=json"}} {
-		q := harness.RunCmd(t, exec.Command("qemu-img", append(append([]string{"map"}, form...), "--image-opts", opts)...))
+		q := harness.Exec(t, "qemu-img", append(append([]string{"map"}, form...), "--image-opts", opts)...)
 		q.Stdout = strings.ReplaceAll(q.Stdout, qemu.NBDFile(opts), image)
 		us := harness.Run(t, append(append([]string{"map", "--bitmap", name}, form...), image)...)
 		harness.SameAsQemu(t, fmt.Sprintf("qcowfs map --bitmap %s %v", name, form), q, us)
@@ -175,15 +175,12 @@ func TestBitmapsThroughMount(t *testing.T) {
 			full := map[string]string{}
 			for _, name := range enabled {
 				full[name] = filepath.Join(work, name+".full")
-				harness.WantOK(t, "cp", harness.RunCmd(t, exec.Command("cp", "--sparse=always", disk, full[name])))
+				harness.WantOK(t, "cp", harness.Exec(t, "cp", "--sparse=always", disk, full[name]))
 			}
 			if names := harness.Names(t, filepath.Join(m.Dir, "vm.raw.bitmaps")); !slices.Equal(names, []string{"b1m.raw", "b64k.raw", "off.raw"}) {
 				t.Fatalf("vm.raw.bitmaps holds %v", names)
 			}
-			f, err := os.OpenFile(disk, os.O_RDWR, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
+			f := harness.OpenFile(t, disk, os.O_RDWR)
 			size := int64(64 << 20)
 			for _, op := range qemu.Ops(uint64(len(tc.args)), 40, size, 64<<10) {
 				applyThrough(t, f, op)
@@ -237,10 +234,7 @@ func TestBitmapsThroughMount(t *testing.T) {
 					want = before[name]
 				}
 				view := filepath.Join(m.Dir, "vm.raw.bitmaps", name+".raw")
-				v, err := os.Open(view)
-				if err != nil {
-					t.Fatal(err)
-				}
+				v := harness.Open(t, view)
 				var st syscall.Stat_t
 				if err := syscall.Fstat(int(v.Fd()), &st); err != nil {
 					t.Fatal(err)
@@ -258,7 +252,7 @@ func TestBitmapsThroughMount(t *testing.T) {
 			}
 			// The incremental kept as a file of its own, applied later.
 			incr, later := filepath.Join(work, "b64k.incr"), filepath.Join(work, "later.full")
-			harness.WantOK(t, "cp", harness.RunCmd(t, exec.Command("cp", "--sparse=always", full["b64k"], later)))
+			harness.WantOK(t, "cp", harness.Exec(t, "cp", "--sparse=always", full["b64k"], later))
 			runRecipe(t, filepath.Join(m.Dir, "vm.raw.bitmaps", "b64k.raw"), incr)
 			f.Close()
 			m.Unmount(t)
@@ -314,14 +308,8 @@ func TestBitmapsKillDaemon(t *testing.T) {
 				args = append(args, "--no-writeback-cache")
 			}
 			m := harness.Mount(t, src, args...)
-			daemons := harness.Daemons(t, m.Dir)
-			if len(daemons) != 1 {
-				t.Fatalf("want one daemon, have %v", daemons)
-			}
-			f, err := os.OpenFile(filepath.Join(m.Dir, "vm.raw"), os.O_RDWR, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
+			daemon := harness.DaemonOf(t, m.Dir)
+			f := harness.OpenFile(t, filepath.Join(m.Dir, "vm.raw"), os.O_RDWR)
 			seed := uint64(100 + round)
 			acked := make(chan uint64, 1<<16)
 			done := make(chan struct{})
@@ -342,7 +330,7 @@ func TestBitmapsKillDaemon(t *testing.T) {
 			}()
 			<-acked // a write acknowledged; the kill comes at a random moment after it
 			time.Sleep(time.Duration(r.IntN(500)) * time.Millisecond)
-			syscall.Kill(daemons[0], syscall.SIGKILL)
+			syscall.Kill(daemon, syscall.SIGKILL)
 			select {
 			case <-done:
 			case <-time.After(30 * time.Second):
@@ -375,7 +363,7 @@ func TestBitmapsKillDaemon(t *testing.T) {
 			if slices.Contains(flags["off"], "in-use") {
 				t.Errorf("after kill -9 the disabled bitmap is in use: flags %v", flags["off"])
 			}
-			check := harness.RunCmd(t, exec.Command("qemu-img", "check", img))
+			check := harness.Exec(t, "qemu-img", "check", img)
 			if check.Code != 0 && check.Code != 3 {
 				t.Fatalf("qemu-img check after kill -9 (exit %d):\n%s%s", check.Code, check.Stdout, check.Stderr)
 			}
@@ -408,8 +396,7 @@ func TestBitmapsKillDaemon(t *testing.T) {
 // gives back space), instead of finding the bitmap in use and opening the
 // image read-only.
 func TestBitmapImageReopened(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	img := filepath.Join(src, "vm.qcow2")
 	qemu.Create(t, "qcow2", img, "16M")
 	qemu.Img(t, "bitmap", "--add", img, "daily")

@@ -76,18 +76,6 @@ func writeEncStates(t *testing.T, dir string, all []*encState) {
 	}
 }
 
-// notInClear fails the test if the file at path holds b.
-func notInClear(t *testing.T, path string, b []byte) {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(b) > 0 && bytes.Contains(data, b) {
-		t.Errorf("%s holds written data in the clear", path)
-	}
-}
-
 // TestEncryptedWritesThroughMount writes every writable kind of encrypted
 // image through a writable mount with --key-dir (each cipher, mode and IV
 // generator; 512 B and 2 MiB clusters; extended L2; the top of a chain
@@ -98,13 +86,10 @@ func notInClear(t *testing.T, path string, b []byte) {
 // backing files are unchanged. A legacy AES image is shown read-only,
 // with the reason in the log.
 func TestEncryptedWritesThroughMount(t *testing.T) {
-	harness.RequireFUSE(t)
-	qemu.Require(t, "qemu-img", "qemu-io")
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	work := t.TempDir()
 	images := qemu.EncryptedMatrix(t, src, qemu.WriteSpecs())
-	kdir := t.TempDir()
-	qemu.KeyDir(t, kdir, src, images)
+	kdir := qemu.KeyDir(t, src, images)
 	keep := map[string][32]byte{}
 	for _, f := range []string{"chain-base.qcow2", "plain-base.qcow2", "legacy-aes.qcow2"} {
 		keep[f] = fileSHA(t, filepath.Join(src, f))
@@ -136,7 +121,7 @@ func TestEncryptedWritesThroughMount(t *testing.T) {
 			os.WriteFile(model, s.model, 0o644)
 			s.e.CompareRaw(t, model)
 			s.e.CheckClean(t)
-			notInClear(t, s.e.Path, s.clear)
+			harness.NotInClear(t, s.e.Path, s.clear)
 		})
 	}
 	for f, sum := range keep {
@@ -155,13 +140,10 @@ func TestEncryptedWritesThroughMount(t *testing.T) {
 // originals are unchanged. A later mount picks the overlays up and
 // reads the model through them.
 func TestEncryptedOverlay(t *testing.T) {
-	harness.RequireFUSE(t)
-	qemu.Require(t, "qemu-img", "qemu-io")
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	work := t.TempDir()
 	images := qemu.EncryptedMatrix(t, src, []qemu.LUKSSpec{{Cipher: "twofish-128", Mode: "cbc", Ivgen: "essiv", IvgenHash: "sha256", Hash: "sha512"}})
-	kdir := t.TempDir()
-	qemu.KeyDir(t, kdir, src, images)
+	kdir := qemu.KeyDir(t, src, images)
 	sums := map[string][32]byte{}
 	names, _ := filepath.Glob(filepath.Join(src, "*.qcow2"))
 	for _, n := range names {
@@ -197,7 +179,7 @@ func TestEncryptedOverlay(t *testing.T) {
 			os.WriteFile(model, s.model, 0o644)
 			o.CompareRaw(t, model)
 			o.CheckClean(t)
-			notInClear(t, o.Path, s.clear)
+			harness.NotInClear(t, o.Path, s.clear)
 		})
 	}
 	// Mounted again, the overlays are picked up.
@@ -221,24 +203,18 @@ func TestEncryptedOverlay(t *testing.T) {
 // (force-share, with the secret for it and its backing file) as the
 // model, and the written data is not in the clear.
 func TestEncryptedTempOverlay(t *testing.T) {
-	harness.RequireFUSE(t)
-	qemu.Require(t, "qemu-img", "qemu-io")
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	img := filepath.Join(src, "sub", "vm.qcow2")
 	if err := os.MkdirAll(filepath.Dir(img), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	qemu.CreateLUKS(t, img, "temp pass", "8M", "")
 	e := qemu.EncImage{Name: "vm", Path: img, Secrets: map[string]string{"vm.qcow2": "temp pass"}, Chain: []string{"vm.qcow2"}}
-	kdir := t.TempDir()
-	qemu.KeyDir(t, kdir, src, []qemu.EncImage{e})
+	kdir := qemu.KeyDir(t, src, []qemu.EncImage{e})
 	t.Setenv("TMPDIR", t.TempDir()) // the daemon's throwaway folder
 	m := harness.Mount(t, src, "--writable", "--overlay=temp", "--key-dir", kdir)
 	data := bytes.Repeat([]byte("throwaway overlay, encrypted. "), 3000)
-	f, err := os.OpenFile(filepath.Join(m.Dir, "sub", "vm.raw"), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := harness.OpenFile(t, filepath.Join(m.Dir, "sub", "vm.raw"), os.O_RDWR)
 	if _, err := f.WriteAt(data, 1<<20); err != nil {
 		t.Fatalf("writing through the mount: %v", err)
 	}
@@ -262,7 +238,7 @@ func TestEncryptedTempOverlay(t *testing.T) {
 		t.Fatal(err)
 	}
 	o.CompareRaw(t, raw, "force-share=on", "read-only=on")
-	notInClear(t, o.Path, data[:64])
+	harness.NotInClear(t, o.Path, data[:64])
 	m.Unmount(t)
 	m.NoPanics(t)
 }

@@ -38,11 +38,7 @@ func makeTwoPartDisk(t *testing.T, dir string, partSize int64) string {
 	}
 	f.Truncate(2<<20 + partSize + 1<<20)
 	f.Close()
-	sfdisk := exec.Command("sfdisk", "-q", disk)
-	sfdisk.Stdin = strings.NewReader(fmt.Sprintf("label: gpt\nstart=1MiB, size=1MiB, type=linux\nstart=2MiB, size=%dKiB, type=linux\n", partSize>>10))
-	if out, err := sfdisk.CombinedOutput(); err != nil {
-		t.Fatalf("sfdisk: %v\n%s", err, out)
-	}
+	harness.Partition(t, disk, fmt.Sprintf("label: gpt\nstart=1MiB, size=1MiB, type=linux\nstart=2MiB, size=%dKiB, type=linux\n", partSize>>10))
 	return disk
 }
 
@@ -117,16 +113,12 @@ func TestGuestFilesystemWritable(t *testing.T) {
 	umount()
 	detach()
 	// e2fsck reads the partition file of the live mount (read-only).
-	if out, err := exec.Command("e2fsck", "-fn", p2).CombinedOutput(); err != nil {
-		t.Errorf("e2fsck -fn %s: %v\n%s", p2, err, out)
-	}
+	harness.Fsck(t, p2)
 
 	// mkfs.ext4 on a whole raw file.
 	blank := filepath.Join(m.Dir, "blank.raw")
 	qemu.Run(t, "mkfs.ext4", "-q", "-F", blank)
-	if out, err := exec.Command("e2fsck", "-fn", blank).CombinedOutput(); err != nil {
-		t.Errorf("e2fsck -fn %s: %v\n%s", blank, err, out)
-	}
+	harness.Fsck(t, blank)
 	m.Unmount(t)
 
 	qemu.CheckClean(t, img)
@@ -154,9 +146,7 @@ func TestFioVerify(t *testing.T) {
 	qemu.Require(t, "fio")
 	src := qemu.TempDir(t)
 	qemu.Create(t, "qcow2", filepath.Join(src, "empty.qcow2"), "256M")
-	full := filepath.Join(src, "full.qcow2")
-	qemu.Create(t, "qcow2", full, "256M")
-	qemu.IO(t, full, "write -P 0x5a 0 256M")
+	full := qemu.Make(t, filepath.Join(src, "full.qcow2"), "256M", "write -P 0x5a 0 256M")
 	m := harness.Racy.Mount(t, src, "--writable")
 	for _, image := range []string{"empty", "full"} {
 		for _, bs := range []string{"4k", "64k", "1m"} {

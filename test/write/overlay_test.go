@@ -31,8 +31,7 @@ import (
 // the same and appends to the same overlays; deleting an overlay shows
 // the original again.
 func TestOverlayWrites(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	work := t.TempDir()
 	ov := filepath.Join(t.TempDir(), "overlays")
 	images := qemu.WriteMatrix(t, src)
@@ -65,10 +64,7 @@ func TestOverlayWrites(t *testing.T) {
 	}
 	apply := func(m *harness.Mounted, round string, n int) {
 		for _, s := range all {
-			f, err := os.OpenFile(filepath.Join(m.Dir, s.im.Name+".raw"), os.O_RDWR, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
+			f := harness.OpenFile(t, filepath.Join(m.Dir, s.im.Name+".raw"), os.O_RDWR)
 			h := fnv.New64a()
 			h.Write([]byte(round + s.im.Name))
 			for _, op := range qemu.Ops(h.Sum64(), n, int64(len(s.model)), s.im.ClusterSize) {
@@ -113,19 +109,12 @@ func TestOverlayWrites(t *testing.T) {
 	check := func(t *testing.T, s *state) string {
 		t.Helper()
 		o := filepath.Join(ov, s.im.Name+".qcow2")
-		qemu.CheckClean(t, o)
+		checkModel(t, o, s.model)
 		in := qemu.Info(t, o)
 		orig := filepath.Join(realSrc, s.im.Name+".qcow2")
 		if in["format"] != "qcow2" || in["backing-filename"] != orig || in["backing-filename-format"] != "qcow2" ||
 			in["cluster-size"] != float64(s.im.ClusterSize) || in["virtual-size"] != float64(len(s.model)) {
 			t.Errorf("qemu-img info of the overlay: %v; want backing file %s, format qcow2, cluster size %d, size %d", in, orig, s.im.ClusterSize, len(s.model))
-		}
-		got, err := os.ReadFile(qemu.ToRaw(t, o, filepath.Join(work, strings.ReplaceAll(s.im.Name, "/", "_")+".after")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if i := harness.FirstDiff(got, s.model); i >= 0 {
-			t.Errorf("qemu-img convert of the overlay differs from the model at byte %d", i)
 		}
 		for _, e := range qemu.Map(t, o) {
 			for c := e.Start / s.im.ClusterSize; c < (e.Start+e.Length)/s.im.ClusterSize; c++ {
@@ -201,8 +190,7 @@ func TestOverlayWrites(t *testing.T) {
 // backing file is refused with a message naming both, while the mount's
 // other images work.
 func TestOverlayRules(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	qemu.Create(t, "qcow2", filepath.Join(src, "a.qcow2"), "8M")
 	qemu.Create(t, "qcow2", filepath.Join(src, "b.qcow2"), "8M")
 	os.WriteFile(filepath.Join(src, "notes.txt"), []byte("plain\n"), 0o644)
@@ -243,10 +231,7 @@ func TestOverlayRules(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(m.Dir, "b.raw"), []byte("b"), 0); err == nil {
 		t.Errorf("b.raw written with O_TRUNC")
 	}
-	f, err := os.OpenFile(filepath.Join(m.Dir, "b.raw"), os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := harness.OpenFile(t, filepath.Join(m.Dir, "b.raw"), os.O_WRONLY)
 	if _, err := f.WriteAt([]byte("b"), 0); err != nil {
 		t.Errorf("b.raw beside a refused overlay: %v", err)
 	}
@@ -269,8 +254,7 @@ func TestOverlayRules(t *testing.T) {
 // there is no overlay, the original is unchanged, and the next mount
 // makes the overlay and writes through it.
 func TestOverlayCrash(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	img := filepath.Join(src, "c.qcow2")
 	qemu.Create(t, "qcow2", img, "16M")
 	qemu.Run(t, "qemu-io", "-c", "write -P 0x33 0 2M", img)
@@ -279,10 +263,7 @@ func TestOverlayCrash(t *testing.T) {
 
 	t.Setenv("QCOWFS_TEST_KILL_AT", "overlay-prepared")
 	m := harness.Mount(t, src, "--writable", "--overlay", ov)
-	f, err := os.OpenFile(filepath.Join(m.Dir, "c.raw"), os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := harness.OpenFile(t, filepath.Join(m.Dir, "c.raw"), os.O_WRONLY)
 	if _, err := f.WriteAt([]byte("lost"), 4096); err == nil {
 		if err = f.Sync(); err == nil {
 			t.Fatal("a write whose overlay creation was killed succeeded")
@@ -301,10 +282,7 @@ func TestOverlayCrash(t *testing.T) {
 
 	os.Unsetenv("QCOWFS_TEST_KILL_AT")
 	m = harness.Mount(t, src, "--writable", "--overlay", ov)
-	f, err = os.OpenFile(filepath.Join(m.Dir, "c.raw"), os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f = harness.OpenFile(t, filepath.Join(m.Dir, "c.raw"), os.O_WRONLY)
 	if _, err := f.WriteAt([]byte("kept"), 4096); err != nil {
 		t.Fatal(err)
 	}
@@ -315,10 +293,7 @@ func TestOverlayCrash(t *testing.T) {
 	harness.CompareTrees(t, harness.ReadTree(t, src), before) // the source is untouched
 	o := filepath.Join(ov, "c.qcow2")
 	qemu.CheckClean(t, o)
-	raw, err := os.ReadFile(qemu.ToRaw(t, o, filepath.Join(t.TempDir(), "c.raw")))
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := qemu.RawBytes(t, o)
 	if string(raw[4096:4100]) != "kept" || raw[0] != 0x33 || raw[2<<20] != 0 {
 		t.Errorf("the overlay made after the crash reads %q at 4096, %#x at 0", raw[4096:4100], raw[0])
 	}
@@ -383,8 +358,7 @@ func TestOverlayGuestCommit(t *testing.T) {
 // --overlay=temp removes it (and its own after unmount), so folders never
 // pile up.
 func TestTempOverlay(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	img := filepath.Join(src, "vm.qcow2")
 	qemu.Create(t, "qcow2", img, "32M")
 	qemu.Run(t, "qemu-io", "-c", "write -P 0x5a 1M 3M", img)
@@ -414,10 +388,7 @@ func TestTempOverlay(t *testing.T) {
 	// back, then that qemu reads the overlay in dir as the model.
 	write := func(m *harness.Mounted, dir, round string) {
 		t.Helper()
-		f, err := os.OpenFile(filepath.Join(m.Dir, "vm.raw"), os.O_RDWR, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		f := harness.OpenFile(t, filepath.Join(m.Dir, "vm.raw"), os.O_RDWR)
 		h := fnv.New64a()
 		h.Write([]byte(round))
 		for _, op := range qemu.Ops(h.Sum64(), 20, int64(len(model)), 64<<10) {

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -90,8 +89,7 @@ func fileSHA(t *testing.T, path string) [32]byte {
 // raw model, snapshots and backing files are unchanged, and discarded or
 // zeroed clusters are zero in qemu-img map.
 func TestWriteThroughMount(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
+	src := harness.SourceDir(t)
 	work := t.TempDir()
 	images := qemu.WriteMatrix(t, src)
 	type state struct {
@@ -114,10 +112,7 @@ func TestWriteThroughMount(t *testing.T) {
 			qemu.Img(t, "convert", "-l", "snapshot.name="+sn, "-O", "raw", im.Path, p)
 			s.snaps[sn], _ = os.ReadFile(p)
 		}
-		var err error
-		if s.model, err = os.ReadFile(qemu.ToRaw(t, im.Path, filepath.Join(work, im.Name+".before"))); err != nil {
-			t.Fatal(err)
-		}
+		s.model = qemu.RawBytes(t, im.Path)
 		h := fnv.New64a()
 		h.Write([]byte("mount " + im.Name))
 		s.ops = qemu.Ops(h.Sum64(), 40, int64(len(s.model)), im.ClusterSize)
@@ -166,14 +161,7 @@ func TestWriteThroughMount(t *testing.T) {
 
 	for _, s := range all {
 		t.Run(s.im.Name, func(t *testing.T) {
-			qemu.CheckClean(t, s.im.Path)
-			got, err := os.ReadFile(qemu.ToRaw(t, s.im.Path, filepath.Join(work, s.im.Name+".after")))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if i := harness.FirstDiff(got, s.model); i >= 0 {
-				t.Fatalf("qemu-img convert differs from the model at byte %d", i)
-			}
+			checkModel(t, s.im.Path, s.model)
 			for k, want := range s.keep {
 				if fileSHA(t, k) != want {
 					t.Errorf("backing file %s changed", k)
@@ -210,11 +198,8 @@ func TestWriteThroughMount(t *testing.T) {
 // without --writable nothing is writable. An image with valid bitmaps is
 // writable.
 func TestWritableMountRules(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
-	img := filepath.Join(src, "vm.qcow2")
-	qemu.Create(t, "qcow2", img, "8M")
-	qemu.IO(t, img, "write -P 0x31 0 1M")
+	src := harness.SourceDir(t)
+	img := qemu.Make(t, filepath.Join(src, "vm.qcow2"), "8M", "write -P 0x31 0 1M")
 	qemu.Img(t, "snapshot", "-c", "snap", img)
 	base := filepath.Join(src, "base.qcow2")
 	qemu.Create(t, "qcow2", base, "8M")
@@ -241,15 +226,15 @@ func TestWritableMountRules(t *testing.T) {
 	}
 
 	ro := harness.Mount(t, src)
-	if _, err := os.OpenFile(filepath.Join(ro.Dir, "vm.raw"), os.O_RDWR, 0); !errors.Is(err, syscall.EROFS) {
+	if _, err := os.OpenFile(filepath.Join(ro.Dir, "vm.raw"), os.O_RDWR, 0); !errors.Is(err, unix.EROFS) {
 		t.Errorf("a read-only mount opens vm.raw for writing: %v", err)
 	}
 	ro.Unmount(t)
 
 	m := harness.Mount(t, src, "--writable")
-	for name, want := range map[string]syscall.Errno{
-		"vm@snap.raw": syscall.EROFS, "notes.txt": syscall.EROFS, "base.raw": syscall.EROFS,
-		"dirty.raw": syscall.EROFS, "inuse.raw": syscall.EROFS, "invalid.raw": syscall.EROFS,
+	for name, want := range map[string]unix.Errno{
+		"vm@snap.raw": unix.EROFS, "notes.txt": unix.EROFS, "base.raw": unix.EROFS,
+		"dirty.raw": unix.EROFS, "inuse.raw": unix.EROFS, "invalid.raw": unix.EROFS,
 	} {
 		f, err := os.OpenFile(filepath.Join(m.Dir, name), os.O_WRONLY, 0)
 		if err == nil {
@@ -273,7 +258,7 @@ func TestWritableMountRules(t *testing.T) {
 			t.Errorf("write %s: %v", name, err)
 		}
 		// Shrinking fails and changes nothing.
-		if err := f.Truncate(1 << 20); !errors.Is(err, syscall.EPERM) {
+		if err := f.Truncate(1 << 20); !errors.Is(err, unix.EPERM) {
 			t.Errorf("shrinking %s: %v, want EPERM", name, err)
 		}
 		if st, _ := f.Stat(); st.Size() != 8<<20 {
@@ -281,7 +266,7 @@ func TestWritableMountRules(t *testing.T) {
 		}
 		f.Close()
 	}
-	if _, err := os.OpenFile(filepath.Join(m.Dir, "vm.raw"), os.O_RDWR|os.O_TRUNC, 0); !errors.Is(err, syscall.EPERM) {
+	if _, err := os.OpenFile(filepath.Join(m.Dir, "vm.raw"), os.O_RDWR|os.O_TRUNC, 0); !errors.Is(err, unix.EPERM) {
 		t.Errorf("open with O_TRUNC: %v, want EPERM", err)
 	}
 	log := m.LogText(t)
@@ -306,30 +291,14 @@ func TestWritableMountRules(t *testing.T) {
 // still can; and while qemu-io has the image open, qcowfs cannot open it
 // for writing (EBUSY), though it can for reading only when qemu shares.
 func TestWriteLocks(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
-	img := filepath.Join(src, "vm.qcow2")
-	qemu.Create(t, "qcow2", img, "8M")
-	m := harness.Mount(t, src, "--writable")
-	raw := filepath.Join(m.Dir, "vm.raw")
-	f, err := os.OpenFile(raw, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, img, raw := mountEmpty(t, harness.Daemon{}, "vm", "8M")
+	f := harness.OpenFile(t, raw, os.O_RDWR)
 	if _, err := f.WriteAt([]byte("data"), 0); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command("qemu-io", "-f", "qcow2", "-c", "write 0 4k", img).CombinedOutput()
-	if err == nil || !strings.Contains(string(out), `lock`) {
-		t.Errorf("qemu-io writing an image open for writing in the mount: %v, %s; want qemu's lock error", err, out)
-	}
-	out, err = exec.Command("qemu-img", "info", img).CombinedOutput()
-	if err == nil || !strings.Contains(string(out), `Failed to get shared "write" lock`) {
-		t.Errorf("qemu-img info of an image being written: %v, %s; want qemu's shared write lock error", err, out)
-	}
-	if out, err := exec.Command("qemu-img", "info", "-U", img).CombinedOutput(); err != nil {
-		t.Errorf("qemu-img info -U: %v, %s", err, out)
-	}
+	qemu.WantLocked(t, `lock`, "qemu-io", "-f", "qcow2", "-c", "write 0 4k", img)
+	qemu.WantLocked(t, `Failed to get shared "write" lock`, "qemu-img", "info", img)
+	qemu.Img(t, "info", "-U", img)
 	f.Close()
 
 	// The other way round.
@@ -338,14 +307,14 @@ func TestWriteLocks(t *testing.T) {
 	})
 	_, release := qemu.HoldOpen(t, img)
 	// (An image a qemu writes is not shown, and its name answers EBUSY.)
-	if f, err := os.OpenFile(raw, os.O_RDWR, 0); !errors.Is(err, syscall.EBUSY) {
+	if f, err := os.OpenFile(raw, os.O_RDWR, 0); !errors.Is(err, unix.EBUSY) {
 		if err == nil {
 			f.Close()
 		}
 		t.Errorf("open for writing while qemu-io has the image: %v, want EBUSY", err)
 	}
 	release()
-	f, err = os.OpenFile(raw, os.O_RDWR, 0)
+	f, err := os.OpenFile(raw, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatalf("open for writing after qemu let go: %v", err)
 	}
@@ -391,17 +360,12 @@ func TestOverlapRefused(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src := qemu.TempDir(t)
-			img := filepath.Join(src, "bad.qcow2")
-			qemu.Create(t, "qcow2", img, "1G")
-			qemu.IO(t, img, "write -P 0x41 0 64k", "write -P 0x42 64k 64k", "write -P 0x43 100M 64k")
+			img := qemu.Make(t, filepath.Join(src, "bad.qcow2"), "1G", "write -P 0x41 0 64k", "write -P 0x42 64k 64k", "write -P 0x43 100M 64k")
 			table := int64(qemu.ReadU(t, img, int64(tc.table), 8))
 			tc.aim(t, img, table)
 			readTable := func() []byte {
 				b := make([]byte, 65536)
-				f, err := os.Open(img)
-				if err != nil {
-					t.Fatal(err)
-				}
+				f := harness.Open(t, img)
 				defer f.Close()
 				f.ReadAt(b, table)
 				return b
@@ -410,18 +374,15 @@ func TestOverlapRefused(t *testing.T) {
 
 			m := harness.Mount(t, src, "--writable", "--log-level=info")
 			raw := filepath.Join(m.Dir, "bad.raw")
-			f, err := os.OpenFile(raw, os.O_RDWR|unix.O_DIRECT, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
+			f := harness.OpenFile(t, raw, os.O_RDWR|unix.O_DIRECT)
 			buf := harness.AlignedBlock(t, 4096)
 			for i := range buf {
 				buf[i] = 0x5a
 			}
-			if _, err := f.WriteAt(buf, tc.offset); !errors.Is(err, syscall.EIO) {
+			if _, err := f.WriteAt(buf, tc.offset); !errors.Is(err, unix.EIO) {
 				t.Errorf("the write through the bad pointer: %v, want EIO", err)
 			}
-			if _, err := f.WriteAt(buf, 200<<20); !errors.Is(err, syscall.EIO) {
+			if _, err := f.WriteAt(buf, 200<<20); !errors.Is(err, unix.EIO) {
 				t.Errorf("a later write elsewhere: %v, want EIO (the image is corrupt now)", err)
 			}
 			// The rest of the disk reads as before.
@@ -442,121 +403,6 @@ func TestOverlapRefused(t *testing.T) {
 				t.Errorf("no log line about the overlap:\n%s", m.LogText(t))
 			}
 		})
-	}
-}
-
-// directWriters runs fn in n goroutines at once, each with its own
-// O_DIRECT descriptor of file and a 64 KiB buffer aligned for it, and
-// fails t with the first error.
-func directWriters(t *testing.T, file string, n int, fn func(w int, f *os.File, buf []byte) error) {
-	t.Helper()
-	errs := make(chan error, n)
-	for w := range n {
-		go func() {
-			errs <- func() error {
-				f, err := os.OpenFile(file, os.O_RDWR|unix.O_DIRECT, 0)
-				if err != nil {
-					return err
-				}
-				defer f.Close()
-				buf, err := unix.Mmap(-1, 0, 64<<10, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-				if err != nil {
-					return err
-				}
-				defer unix.Munmap(buf)
-				return fn(w, f, buf)
-			}()
-		}()
-	}
-	for range n {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// TestDirectWritersParallel: four O_DIRECT writers of one raw file, whose
-// writes the kernel sends in parallel (FOPEN_PARALLEL_DIRECT_WRITES, fs/image.go),
-// each in a quarter of an empty image, at pseudo-random 4 KiB and 64 KiB
-// blocks (some at 1 KiB offsets, so that copy-on-write meets the neighbours'
-// allocations); a buffered reader and a shared mapping of the file, both
-// filled before the writes, then read what was written, not their cached
-// pages. After unmount, qemu-img check is clean and qemu-img convert equals
-// the model.
-func TestDirectWritersParallel(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
-	const size = 64 << 20
-	img := filepath.Join(src, "par.qcow2")
-	qemu.Create(t, "qcow2", img, "64M")
-	m := harness.Racy.Mount(t, src, "--writable")
-	logMount = m
-	file := filepath.Join(m.Dir, "par.raw")
-	reader, err := os.Open(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Close()
-	model := make([]byte, size)
-	got := make([]byte, size)
-	if _, err := reader.ReadAt(got, 0); err != nil {
-		t.Fatal(err)
-	}
-	mapped, err := unix.Mmap(int(reader.Fd()), 0, size, unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Touch every page, so that the mapping has them all.
-	if !bytes.Equal(mapped[:size], got) {
-		t.Fatal("the mapping reads differently from read(2)")
-	}
-
-	const writers = 4
-	directWriters(t, file, writers, func(w int, f *os.File, buf []byte) error {
-		h := fnv.New64a()
-		quarter := int64(size / writers)
-		for i := range 200 {
-			h.Write([]byte{byte(w), byte(i), byte(i >> 8)})
-			r := h.Sum64()
-			n := int64(4096)
-			if r%3 == 0 {
-				n = 64 << 10
-			}
-			off := int64(w)*quarter + int64(r>>8)%(quarter/4096-16)*4096
-			if r%5 == 0 {
-				off += 1024
-			}
-			for j := range buf[:n] {
-				buf[j] = byte(int64(j)+off) ^ byte(w*61+i)
-			}
-			if _, err := f.WriteAt(buf[:n], off); err != nil {
-				return fmt.Errorf("writer %d: write %d at %d: %w", w, n, off, err)
-			}
-			copy(model[off:off+n], buf[:n]) // each writer has its own quarter
-		}
-		return nil
-	})
-	if _, err := reader.ReadAt(got, 0); err != nil {
-		t.Fatal(err)
-	}
-	if i := harness.FirstDiff(got, model); i >= 0 {
-		t.Fatalf("a buffered reader reads differently from the model at byte %d (its cached page?)", i)
-	}
-	if i := harness.FirstDiff(mapped[:size], model); i >= 0 {
-		t.Fatalf("a shared mapping reads differently from the model at byte %d", i)
-	}
-	if err := unix.Munmap(mapped); err != nil {
-		t.Fatal(err)
-	}
-	reader.Close()
-	m.Unmount(t)
-	qemu.CheckClean(t, img)
-	after, err := os.ReadFile(qemu.ToRaw(t, img, filepath.Join(t.TempDir(), "par.raw")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if i := harness.FirstDiff(after, model); i >= 0 {
-		t.Fatalf("qemu-img convert differs from the model at byte %d", i)
 	}
 }
 
@@ -589,10 +435,7 @@ func TestGrowAcrossTableGrowth(t *testing.T) {
 			qemu.Create(t, "qcow2", img, "4M", "-o", tc.opts)
 			m := harness.Mount(t, src, "--writable")
 			raw := filepath.Join(m.Dir, "grow.raw")
-			f, err := os.OpenFile(raw, os.O_RDWR, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
+			f := harness.OpenFile(t, raw, os.O_RDWR)
 			if tc.name == "one grow" {
 				f.Truncate(64 << 20)
 			}

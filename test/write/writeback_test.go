@@ -1,15 +1,20 @@
 package write
 
+// A writable mount has the kernel's writeback cache unless
+// --no-writeback-cache: these tests pin down what differs between the
+// two, and what O_DIRECT writers in parallel leave to a buffered reader
+// and a shared mapping.
+
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -17,9 +22,6 @@ import (
 	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
-
-// A writable mount has the kernel's writeback cache unless
-// --no-writeback-cache: these tests pin down what differs between the two.
 
 // TestWriteAcrossTheEnd: a write that crosses the end of a disk file or a
 // partition file, after writes inside the file in the same pages (and in
@@ -59,11 +61,7 @@ func TestWriteAcrossTheEnd(t *testing.T) {
 	if err := os.Truncate(template, diskSize); err != nil {
 		t.Fatal(err)
 	}
-	sfdisk := exec.Command("sfdisk", "-q", template)
-	sfdisk.Stdin = strings.NewReader(fmt.Sprintf("label: dos\nstart=%d, size=%d, type=83\n", partStart/512, partSize/512))
-	if out, err := sfdisk.CombinedOutput(); err != nil {
-		t.Fatalf("sfdisk: %v\n%s", err, out)
-	}
+	harness.Partition(t, template, fmt.Sprintf("label: dos\nstart=%d, size=%d, type=83\n", partStart/512, partSize/512))
 	blank, err := os.ReadFile(template)
 	if err != nil {
 		t.Fatal(err)
@@ -116,17 +114,13 @@ func TestWriteAcrossTheEnd(t *testing.T) {
 							t.Errorf("stat %s: size %d, want %d", when, st.Size(), size)
 						}
 					}
-					f, err := os.OpenFile(path, os.O_RDWR, 0)
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer f.Close()
+					f := harness.OpenFile(t, path, os.O_RDWR)
 					direct := f // a second handle, or f again
 					if how == "direct-beside" {
 						// Opened last, the O_DIRECT handle is the
 						// one the kernel writes cached pages back
 						// through.
-						if direct, err = os.OpenFile(path, os.O_RDWR|syscall.O_DIRECT, 0); err != nil {
+						if direct, err = os.OpenFile(path, os.O_RDWR|unix.O_DIRECT, 0); err != nil {
 							t.Fatal(err)
 						}
 						defer direct.Close()
@@ -152,10 +146,10 @@ func TestWriteAcrossTheEnd(t *testing.T) {
 						if err := os.WriteFile(file, over, 0o644); err != nil {
 							t.Fatal(err)
 						}
-						out, err := exec.Command("dd", "if="+file, "of="+path, "bs=8192", "count=1", "oflag=seek_bytes",
-							fmt.Sprintf("seek=%d", off), "conv=notrunc", "status=none").CombinedOutput()
-						if err == nil || !strings.Contains(string(out), "No space left on device") {
-							t.Errorf("dd across the end: %v %s; want it to fail with ENOSPC", err, out)
+						r := harness.Exec(t, "dd", "if="+file, "of="+path, "bs=8192", "count=1", "oflag=seek_bytes",
+							fmt.Sprintf("seek=%d", off), "conv=notrunc", "status=none")
+						if r.Code == 0 || !strings.Contains(r.Stdout+r.Stderr, "No space left on device") {
+							t.Errorf("dd across the end: exit status %d %s; want it to fail with ENOSPC", r.Code, r.Stderr)
 						}
 						if err := f.Sync(); err != nil && mode == "write-through" {
 							t.Errorf("fsync after dd: %v", err)
@@ -175,7 +169,7 @@ func TestWriteAcrossTheEnd(t *testing.T) {
 							if err != nil || n != len(over) {
 								t.Errorf("write of %d bytes across the end: %d, %v; want all of it taken (the page cache)", len(over), n, err)
 							}
-							if err := f.Sync(); !errors.Is(err, syscall.ENOSPC) {
+							if err := f.Sync(); !errors.Is(err, unix.ENOSPC) {
 								t.Errorf("fsync after a write across the end: %v, want ENOSPC", err)
 							}
 							wantSize("right after the fsync, the writer still open")
@@ -183,7 +177,7 @@ func TestWriteAcrossTheEnd(t *testing.T) {
 							if err != nil || n != fit {
 								t.Errorf("write of %d bytes across the end: %d, %v; want the %d that fit", len(over), n, err, fit)
 							}
-							if _, err := unix.Pwrite(int(f.Fd()), over[fit:], size); !errors.Is(err, syscall.ENOSPC) {
+							if _, err := unix.Pwrite(int(f.Fd()), over[fit:], size); !errors.Is(err, unix.ENOSPC) {
 								t.Errorf("write at the end: %v, want ENOSPC", err)
 							}
 							if st, err := f.Stat(); err != nil || st.Size() != size {
@@ -198,10 +192,7 @@ func TestWriteAcrossTheEnd(t *testing.T) {
 					direct.Close()
 					wantSize("right after the writer closed")
 					got := make([]byte, 16384)
-					r, err := os.Open(path)
-					if err != nil {
-						t.Fatal(err)
-					}
+					r := harness.Open(t, path)
 					if n, err := r.ReadAt(got, size-int64(len(got))); n != len(got) || err != nil {
 						t.Errorf("read of the last %d bytes: %d, %v", len(got), n, err)
 					} else if i := harness.FirstDiff(got, model[start+size-int64(len(got)):start+size]); i >= 0 {
@@ -225,16 +216,9 @@ func TestWriteAcrossTheEnd(t *testing.T) {
 				if model == nil {
 					continue // the case failed early
 				}
-				qemu.CheckClean(t, c.image)
+				checkModel(t, c.image, model)
 				if got := int64(qemu.Info(t, c.image)["virtual-size"].(float64)); got != diskSize {
 					t.Errorf("%s: virtual size %d after the write, want %d", c.name, got, diskSize)
-				}
-				raw, err := os.ReadFile(qemu.ToRaw(t, c.image, filepath.Join(t.TempDir(), c.name+".raw")))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if i := harness.FirstDiff(raw, model); i >= 0 {
-					t.Errorf("%s: qemu-img convert differs from the model at byte %d of the disk", c.name, i)
 				}
 			}
 		})
@@ -249,19 +233,10 @@ func TestWriteAcrossTheEnd(t *testing.T) {
 // dirty page lands after one. The buffered writer then writes again over
 // other parts and fsyncs. After unmount qemu-img convert equals the model.
 func TestDirectAfterBuffered(t *testing.T) {
-	harness.RequireFUSE(t)
-	src := qemu.TempDir(t)
 	const size = 16 << 20
-	img := filepath.Join(src, "mix.qcow2")
-	qemu.Create(t, "qcow2", img, "16M")
-	m := harness.Racy.Mount(t, src, "--writable")
+	m, img, file := mountEmpty(t, harness.Racy, "mix", "16M")
 	logMount = m
-	file := filepath.Join(m.Dir, "mix.raw")
-	buffered, err := os.OpenFile(file, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer buffered.Close()
+	buffered := harness.OpenFile(t, file, os.O_RDWR)
 	model := make([]byte, size)
 	fill := func(b []byte, off int64, tag byte) {
 		for i := range b {
@@ -313,12 +288,104 @@ func TestDirectAfterBuffered(t *testing.T) {
 	}
 	buffered.Close()
 	m.Unmount(t)
-	qemu.CheckClean(t, img)
-	after, err := os.ReadFile(qemu.ToRaw(t, img, filepath.Join(t.TempDir(), "mix.raw")))
+	checkModel(t, img, model) // where it differs: a dirty page written back over a direct write?
+}
+
+// directWriters runs fn in n goroutines at once, each with its own
+// O_DIRECT descriptor of file and a 64 KiB buffer aligned for it, and
+// fails t with the first error.
+func directWriters(t *testing.T, file string, n int, fn func(w int, f *os.File, buf []byte) error) {
+	t.Helper()
+	errs := make(chan error, n)
+	for w := range n {
+		go func() {
+			errs <- func() error {
+				f, err := os.OpenFile(file, os.O_RDWR|unix.O_DIRECT, 0)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				buf, err := unix.Mmap(-1, 0, 64<<10, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+				if err != nil {
+					return err
+				}
+				defer unix.Munmap(buf)
+				return fn(w, f, buf)
+			}()
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestDirectWritersParallel: four O_DIRECT writers of one raw file, whose
+// writes the kernel sends in parallel (FOPEN_PARALLEL_DIRECT_WRITES, fs/image.go),
+// each in a quarter of an empty image, at pseudo-random 4 KiB and 64 KiB
+// blocks (some at 1 KiB offsets, so that copy-on-write meets the neighbours'
+// allocations); a buffered reader and a shared mapping of the file, both
+// filled before the writes, then read what was written, not their cached
+// pages. After unmount, qemu-img check is clean and qemu-img convert equals
+// the model.
+func TestDirectWritersParallel(t *testing.T) {
+	const size = 64 << 20
+	m, img, file := mountEmpty(t, harness.Racy, "par", "64M")
+	logMount = m
+	reader := harness.Open(t, file)
+	model := make([]byte, size)
+	got := make([]byte, size)
+	if _, err := reader.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	mapped, err := unix.Mmap(int(reader.Fd()), 0, size, unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if i := harness.FirstDiff(after, model); i >= 0 {
-		t.Fatalf("qemu-img convert differs from the model at byte %d (%#x, want %#x): a dirty page written back over a direct write?", i, after[i], model[i])
+	// Touch every page, so that the mapping has them all.
+	if !bytes.Equal(mapped[:size], got) {
+		t.Fatal("the mapping reads differently from read(2)")
 	}
+
+	const writers = 4
+	directWriters(t, file, writers, func(w int, f *os.File, buf []byte) error {
+		h := fnv.New64a()
+		quarter := int64(size / writers)
+		for i := range 200 {
+			h.Write([]byte{byte(w), byte(i), byte(i >> 8)})
+			r := h.Sum64()
+			n := int64(4096)
+			if r%3 == 0 {
+				n = 64 << 10
+			}
+			off := int64(w)*quarter + int64(r>>8)%(quarter/4096-16)*4096
+			if r%5 == 0 {
+				off += 1024
+			}
+			for j := range buf[:n] {
+				buf[j] = byte(int64(j)+off) ^ byte(w*61+i)
+			}
+			if _, err := f.WriteAt(buf[:n], off); err != nil {
+				return fmt.Errorf("writer %d: write %d at %d: %w", w, n, off, err)
+			}
+			copy(model[off:off+n], buf[:n]) // each writer has its own quarter
+		}
+		return nil
+	})
+	if _, err := reader.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if i := harness.FirstDiff(got, model); i >= 0 {
+		t.Fatalf("a buffered reader reads differently from the model at byte %d (its cached page?)", i)
+	}
+	if i := harness.FirstDiff(mapped[:size], model); i >= 0 {
+		t.Fatalf("a shared mapping reads differently from the model at byte %d", i)
+	}
+	if err := unix.Munmap(mapped); err != nil {
+		t.Fatal(err)
+	}
+	reader.Close()
+	m.Unmount(t)
+	checkModel(t, img, model)
 }

@@ -47,9 +47,7 @@ func helperNamespace(t *testing.T) (string, func(args ...string) harness.Result)
 	}
 	shared := t.TempDir()
 	for _, args := range [][]string{{"--bind", shared, shared}, {"--make-shared", shared}} {
-		if out, err := exec.Command("mount", args...).CombinedOutput(); err != nil {
-			t.Fatalf("mount %v: %v %s", args, err, out)
-		}
+		harness.WantOK(t, "mount", harness.Exec(t, "mount", args...))
 	}
 	// Registered first, so it runs after the mount point's cleanup.
 	t.Cleanup(func() { exec.Command("umount", "-l", shared).Run() })
@@ -95,17 +93,12 @@ func checkHelperMount(t *testing.T, mnt, src, raw string) {
 			t.Errorf("mount options %s lack %s", m.SuperOptions, o)
 		}
 	}
-	daemons := harness.Daemons(t, mnt)
-	if len(daemons) != 1 {
-		t.Fatalf("want one qcowfs daemon for %s, have %v", mnt, daemons)
-	}
-	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", daemons[0])); err != nil || exe != harness.Bin() {
+	daemon := harness.DaemonOf(t, mnt)
+	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", daemon)); err != nil || exe != harness.Bin() {
 		t.Errorf("the daemon runs %q (%v), want the binary under test %s", exe, err, harness.Bin())
 	}
 	harness.SameFile(t, filepath.Join(mnt, "vm.raw"), raw)
-	if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
-		t.Fatalf("umount %s: %v %s", mnt, err, out)
-	}
+	harness.WantOK(t, "umount", harness.Exec(t, "umount", mnt))
 	if harness.IsMounted(mnt) {
 		t.Fatalf("%s still mounted after umount", mnt)
 	}
@@ -206,9 +199,7 @@ func TestHelperFakeMount(t *testing.T) {
 	if m := harness.MountAt(t, mnt); m == nil || m.FSType != "fuse.qcowfs" {
 		t.Fatalf("mount --fstab did not mount: %+v", m)
 	}
-	if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
-		t.Fatalf("umount: %v %s", err, out)
-	}
+	harness.WantOK(t, "umount", harness.Exec(t, "umount", mnt))
 	harness.WaitGone(t, mnt)
 }
 
@@ -299,7 +290,7 @@ func TestREADMESystemdUnit(t *testing.T) {
 	}
 	path := filepath.Join(t.TempDir(), name)
 	writeFile(t, path, unit)
-	r := harness.RunCmd(t, exec.Command("systemd-analyze", "verify", path))
+	r := harness.Exec(t, "systemd-analyze", "verify", path)
 	if r.Code != 0 || r.Stdout != "" || r.Stderr != "" {
 		t.Errorf("systemd-analyze verify %s: exit %d\n%s%s\nunit:\n%s", name, r.Code, r.Stdout, r.Stderr, unit)
 	}
