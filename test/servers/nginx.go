@@ -166,17 +166,7 @@ func dash(s string) string {
 // test if that takes over 10 s.
 func (n *Nginx) WaitLog(t testing.TB, count int) []Access {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		l := n.Log(t)
-		if len(l) >= count {
-			return l
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nginx logged %d requests after 10 s, want %d", len(l), count)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	return n.waitLog(t, func(l []Access) bool { return len(l) >= count }, fmt.Sprintf("%d requests", count))
 }
 
 // WaitBodyBytes returns the log once its requests' bodies add up to at
@@ -184,14 +174,21 @@ func (n *Nginx) WaitLog(t testing.TB, count int) []Access {
 // have all its bytes before nginx has logged the last request.
 func (n *Nginx) WaitBodyBytes(t testing.TB, bytes int64) []Access {
 	t.Helper()
+	return n.waitLog(t, func(l []Access) bool { return BodyBytes(l) >= bytes }, fmt.Sprintf("%d body bytes", bytes))
+}
+
+// waitLog returns the log once done says it is, failing the test with
+// what was wanted if that takes over 10 s.
+func (n *Nginx) waitLog(t testing.TB, done func([]Access) bool, want string) []Access {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		l := n.Log(t)
-		if BodyBytes(l) >= bytes {
+		if done(l) {
 			return l
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("nginx logged %d body bytes after 10 s, want %d", BodyBytes(l), bytes)
+			t.Fatalf("nginx's log after 10 s: %d requests of %d body bytes; want %s", len(l), BodyBytes(l), want)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
