@@ -296,6 +296,11 @@ type sectorHistory struct {
 	// it may or may not have happened, sector by sector, however many
 	// flushes succeeded after it.
 	failed int
+	// disk is dataCheck's buffer for the disk, one for all the states
+	// (a fresh one each time was most of the memory the test churned,
+	// and under the race detector most of its time); ReadAt fills it,
+	// holes included.
+	disk []byte
 }
 
 // allowed reports whether sector s may read as got after a crash in which
@@ -580,7 +585,10 @@ func dataCheck(t *testing.T, image string, h *sectorHistory, acked, issued int, 
 		return true
 	}
 	defer img.Close()
-	buf := make([]byte, img.Size())
+	if int64(cap(h.disk)) < img.Size() {
+		h.disk = make([]byte, img.Size())
+	}
+	buf := h.disk[:img.Size()]
 	if _, err := img.ReadAt(buf, 0); err != nil {
 		t.Errorf("%s: reading the disk: %v", what, err)
 		return true
