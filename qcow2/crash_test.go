@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -385,26 +386,39 @@ type crashResult struct {
 
 // TestCrashConsistency runs every crash workload with its host I/O logged
 // and checks every crash state its log allows (see the top of the file).
+//
+// The workloads are independent (each in folders of its own) and run in
+// parallel, beside TestInjectedErrors's: most of their time is single
+// threaded (the states checked one by one, qemu-img check on each).
 func TestCrashConsistency(t *testing.T) {
 	qemu.Require(t, "qemu-img", "qemu-io")
+	t.Parallel()
+	var mu sync.Mutex
 	var total crashResult
+	// After every workload's subtest (Cleanup waits for the parallel
+	// ones).
+	t.Cleanup(func() {
+		t.Logf("all workloads: %d crash states checked, %d with leaks (%d leaked clusters), %d corruptions, %d data-check failures",
+			total.states, total.leakStates, total.leaks, total.corruptions, total.dataFailures)
+		if p := os.Getenv("QCOWFS_CRASH_REPORT"); p != "" {
+			os.WriteFile(p, fmt.Appendf(nil, "%d states, %d with leaks (%d clusters), %d corruptions, %d data-check failures\n",
+				total.states, total.leakStates, total.leaks, total.corruptions, total.dataFailures), 0o644)
+		}
+	})
 	for _, wl := range crashWorkloads() {
 		t.Run(wl.name, func(t *testing.T) {
+			t.Parallel()
 			res := runCrashWorkload(t, wl, 3)
 			t.Logf("%s: %d states, %d with leaks (%d leaked clusters), %d corruptions, %d data-check failures",
 				wl.name, res.states, res.leakStates, res.leaks, res.corruptions, res.dataFailures)
+			mu.Lock()
+			defer mu.Unlock()
 			total.states += res.states
 			total.leakStates += res.leakStates
 			total.leaks += res.leaks
 			total.corruptions += res.corruptions
 			total.dataFailures += res.dataFailures
 		})
-	}
-	t.Logf("all workloads: %d crash states checked, %d with leaks (%d leaked clusters), %d corruptions, %d data-check failures",
-		total.states, total.leakStates, total.leaks, total.corruptions, total.dataFailures)
-	if p := os.Getenv("QCOWFS_CRASH_REPORT"); p != "" {
-		os.WriteFile(p, fmt.Appendf(nil, "%d states, %d with leaks (%d clusters), %d corruptions, %d data-check failures\n",
-			total.states, total.leakStates, total.leaks, total.corruptions, total.dataFailures), 0o644)
 	}
 }
 
@@ -614,8 +628,11 @@ func dataCheck(t *testing.T, image string, h *sectorHistory, acked, issued int, 
 // reservation of space (fallocate) has written nothing: it fails only the
 // operation that needed it (and an ENOSPC there is retried smaller, so it
 // may fail nothing), and later flushes succeed.
+//
+// Like TestCrashConsistency's, the workloads run in parallel.
 func TestInjectedErrors(t *testing.T) {
 	qemu.Require(t, "qemu-img", "qemu-io")
+	t.Parallel()
 	for _, name := range []string{"alloc-4k", "cow-snapshot", "discard-realloc", "resize-moves-l1", "stream", "encrypted"} {
 		var wl crashWorkload
 		for _, w := range crashWorkloads() {
@@ -624,6 +641,7 @@ func TestInjectedErrors(t *testing.T) {
 			}
 		}
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			dir, base := crashDir(t), crashDir(t)
 			image, written, cs := wl.make(t, dir)
 			initial, err := os.ReadFile(crashRaw(t, image, filepath.Join(base, "initial.raw")))
