@@ -21,6 +21,7 @@ import (
 // writer's counters show which writes went direct.
 func TestDirectWrites(t *testing.T) {
 	qemu.Require(t, "qemu-img")
+	t.Parallel() // (beside the package's other long tests; it has its own folder)
 	dir := qemu.TempDir(t)
 	const size = 64 << 20
 	cases := []struct {

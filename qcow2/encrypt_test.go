@@ -222,6 +222,7 @@ func TestEncryptedReadsAsQemu(t *testing.T) {
 // equals the model, and the base of the chain is unchanged.
 func TestEncryptedWrites(t *testing.T) {
 	qemu.Require(t, "qemu-img", "qemu-io")
+	t.Parallel() // (beside the package's other long tests; it has its own folder)
 	dir := t.TempDir()
 	for _, e := range encryptedMatrix(t, dir) {
 		if e.name == "legacy-aes" {

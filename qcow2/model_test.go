@@ -432,6 +432,7 @@ func modelSeeds() int {
 // template, checked against the model and by qemu-img.
 func TestModelRandom(t *testing.T) {
 	qemu.Require(t, "qemu-img", "qemu-io", "fallocate")
+	t.Parallel() // (beside the package's other long tests; it has its own folders)
 	for i, tp := range modelTemplates() {
 		t.Run(tp.name, func(t *testing.T) {
 			for seed := range uint64(modelSeeds()) {

@@ -16,6 +16,7 @@ import (
 // TestReadMatchesQemu reads every image of the matrix with the library and
 // compares with what qemu-img convert -O raw makes of it.
 func TestReadMatchesQemu(t *testing.T) {
+	t.Parallel() // (beside the package's other long tests; it has its own folder)
 	dir := qemu.TempDir(t)
 	for _, im := range qemu.Matrix(t, dir) {
 		t.Run(im.Name, func(t *testing.T) {

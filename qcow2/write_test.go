@@ -105,6 +105,7 @@ func qemuCheck(t *testing.T, path string) {
 // and qemu-img map shows clusters last discarded or zeroed whole as zero.
 func TestWriteMatchesModel(t *testing.T) {
 	qemu.Require(t, "qemu-img", "qemu-io")
+	t.Parallel() // (beside the package's other long tests; it has its own folder)
 	dir := qemu.TempDir(t)
 	for _, im := range qemu.WriteMatrix(t, dir) {
 		t.Run(im.Name, func(t *testing.T) {
