@@ -103,8 +103,11 @@ func execOut(name string, args ...string) (string, error) {
 	return string(out), err
 }
 
-// curlTimeout bounds one run of qemu-img that reads over http.
-const curlTimeout = 90 * time.Second
+// curlTimeout bounds one run of qemu-img that reads over http: the runs
+// here (check, compare, convert of overlays over images of at most a few
+// tens of MiB from nginx on localhost) take 5 to 35 ms; 10 s is hundreds
+// of times that, and is what a hang costs before the run is made again.
+const curlTimeout = 10 * time.Second
 
 // curlQemu runs qemu-img with args where qemu reads a backing file over
 // http (its curl driver), and returns its output. qemu 7.2's curl driver
