@@ -31,9 +31,9 @@ import (
 // or a reader's fetch, also one made while the run holding the chunk
 // waited for its turn under the rate cap) is not fetched again. A chunk
 // a reader fetches while hydration's request for it is in flight is
-// fetched twice; nothing else is. The chunks hydrated count against CacheDirSize: once the next run
-// would pass it, the hydration stops, bounded, and logs a line saying how
-// far it got. It ends early with the Object (Close) or when the object
+// fetched twice; nothing else is. The chunks hydrated count against
+// CacheDirSize: once the next run would pass it, the hydration stops,
+// bounded, and logs a line saying how far it got. It ends early with the Object (Close) or when the object
 // changed; a run that fails for a while is retried with backoff.
 
 // A Span is a byte range of an object.

@@ -21,13 +21,12 @@ import "sync"
 // range requests rather than one small request per chunk, and a reader as
 // fast as the link keeps the whole window in flight, a request started
 // each time one is used, rather than waiting at every half window for
-// that half to arrive at once (with 20 ms a request, a 32 MiB window in
-// half steps stalled a copy at ~600 MB/s less the link's time). The chunks a stream
-// has read through, every byte (wholly within its latest run of reads
-// without a gap, and before the chunk of its latest read), are released
-// from the cache (cache.release): a scan does not come back, and its slots
-// are then the ones it reuses. A chunk it skipped part of is left: another
-// reader may want that part.
+// that half to arrive at once. The chunks a stream has read through,
+// every byte (wholly within its latest run of reads without a gap, and
+// before the chunk of its latest read), are released from the cache
+// (cache.release): a scan does not come back, and its slots are then the
+// ones it reuses. A chunk it skipped part of is left: another reader may
+// want that part.
 //
 // mu guards the streams; it is held for this bookkeeping only.
 type readahead struct {
