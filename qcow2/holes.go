@@ -230,6 +230,11 @@ func (img *Image) buildChunk(start, end int64, w *walk) ([]dataRun, error) {
 				continue
 			}
 		}
+		// Reading a table may wait (on a remote server): a walk whose
+		// caller is gone stops before it.
+		if err := w.ctx.Err(); err != nil {
+			return nil, err
+		}
 		n := len(runs)
 		var err error
 		if runs, err = l.walkRuns(runs, off, pieceEnd, w); err != nil {

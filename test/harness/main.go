@@ -25,6 +25,9 @@ var raceBin, raceDir string
 // the package's run, runs the tests, fails the run if a racy daemon
 // reported a race, and exits.
 func Main(m *testing.M) {
+	if path := os.Getenv(seekerEnv); path != "" {
+		os.Exit(runSeeker(path))
+	}
 	dir, err := os.MkdirTemp("", "qcowfs-test-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

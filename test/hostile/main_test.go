@@ -30,33 +30,7 @@ import (
 	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
-func TestMain(m *testing.M) {
-	if h := os.Getenv(helperEnv); h != "" {
-		os.Exit(runHelper(h))
-	}
-	harness.Main(m)
-}
-
-// helperEnv makes the test binary a helper process (TestMain): a caller
-// that the test can kill in the middle of a request.
-const helperEnv = "QCOWFS_TEST_HELPER"
-
-// runHelper runs the helper named by h: "seek-data:PATH" asks
-// lseek(SEEK_DATA) from 0 of PATH.
-func runHelper(h string) int {
-	if path, ok := strings.CutPrefix(h, "seek-data:"); ok {
-		fd, err := unix.Open(path, unix.O_RDONLY, 0)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		fmt.Println("open")
-		off, err := unix.Seek(fd, 0, unix.SEEK_DATA)
-		fmt.Println(off, err)
-		return 0
-	}
-	return 2
-}
+func TestMain(m *testing.M) { harness.Main(m) }
 
 // makeCanary makes canary.qcow2 in dir, 1 MiB of 0x61: the good image
 // that sits beside the hostile ones.

@@ -124,18 +124,11 @@ func TestHostileWalks(t *testing.T) {
 	// daemon stops walking (FUSE INTERRUPT cancels the request).
 	if full > 500*time.Millisecond {
 		waitIdle(t, pid)
-		h := exec.Command(os.Args[0])
-		h.Env = append(os.Environ(), helperEnv+"=seek-data:"+filepath.Join(m.Dir, "zeros-killed.raw"))
-		var out bytes.Buffer
-		h.Stdout = &out
-		if err := h.Start(); err != nil {
-			t.Fatal(err)
-		}
-		harness.WaitFor(t, "the helper to open the file", 10*time.Second, func() bool { return strings.Contains(out.String(), "open") })
+		h := harness.StartSeeker(t, filepath.Join(m.Dir, "zeros-killed.raw"))
 		cpu0 := harness.ReadProc(t, pid).CPU
 		time.Sleep(50 * time.Millisecond)
-		h.Process.Kill()
-		h.Wait()
+		h.Cmd.Process.Kill()
+		h.Cmd.Wait()
 		time.Sleep(2 * time.Second)
 		killed := harness.ReadProc(t, pid).CPU - cpu0
 		t.Logf("the same walk with its caller killed after 50 ms: %v of daemon CPU (uninterrupted: %v)", killed, full)

@@ -3,13 +3,17 @@ package remote
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/qcowfs/qcowfs/test/harness"
 	"github.com/qcowfs/qcowfs/test/qemu"
@@ -217,4 +221,117 @@ func TestRemoteGuestPartition(t *testing.T) {
 	if log := m.LogText(t); strings.Contains(log, "level=ERROR") {
 		t.Errorf("the daemon logged errors:\n%s", log)
 	}
+}
+
+// TestRemoteSeekSignalled: a signal the caller takes while its lseek
+// waits on the server does not fail the lseek. The kernel sends the daemon
+// a FUSE INTERRUPT on any signal (Go programs take SIGURG all the time);
+// only a caller being killed gets EINTR (TestHostileWalks), any other
+// its answer, qemu's. The image has 300 L2 tables of zero clusters before
+// its data (tablesImage): SEEK_DATA from 0 walks long after the interrupt. The
+// seeking thread is signalled once the proxy holds the requests and the
+// thread sleeps in the FUSE request; the proxy lets the requests go once
+// the thread has queued the interrupt (its state is then D, the kernel's
+// killable wait).
+func TestRemoteSeekSignalled(t *testing.T) {
+	root := harness.SourceDir(t)
+	img := tablesImage(t, root)
+	want := qemu.DataRuns(t, img)[0][0]
+	ng := servers.StartNginx(t, root, false)
+	proxy := servers.NewFaultProxy(t, ng.URL)
+	m := mountRemote(t, harness.Daemon{}, proxy.URL+"/tables.qcow2")
+	proxy.Set(servers.Fault{Kind: servers.Stall})
+	f := harness.Open(t, filepath.Join(m.Dir, "tables.raw"))
+
+	type answer struct {
+		off int64
+		err error
+	}
+	tid := make(chan int, 1)
+	done := make(chan answer, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		tid <- unix.Gettid()
+		off, err := unix.Seek(int(f.Fd()), 0, unix.SEEK_DATA)
+		done <- answer{off, err}
+	}()
+	th := <-tid
+	harness.WaitFor(t, "the lseek to wait on the server", 10*time.Second, func() bool {
+		if len(done) > 0 {
+			t.Fatalf("the lseek answered without waiting on the server: %v", <-done)
+		}
+		return proxy.Held() > 0 && strings.Contains(threadFile(th, "wchan"), "request_wait_answer")
+	})
+	if err := unix.Tgkill(os.Getpid(), th, unix.SIGURG); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, "the thread's killable wait", 10*time.Second, func() bool {
+		_, state, _ := strings.Cut(threadFile(th, "stat"), ") ")
+		return strings.HasPrefix(state, "D") || len(done) > 0
+	})
+	proxy.Clear()
+	proxy.Release()
+	if a := <-done; a.err != nil || a.off != want {
+		t.Errorf("lseek(0, SEEK_DATA) signalled while it waited on the server: %d, %v; qemu's map: data from %d", a.off, a.err, want)
+	}
+}
+
+// TestRemoteSeekKilled: a caller killed while its lseek walks the tables
+// of an image over a slow link (100 ms a request, 256 KiB/s a response:
+// the walk of tablesImage's 19 MiB of tables takes many seconds) is let go
+// at once: the daemon ends the request before its next table on the
+// kernel's interrupt.
+func TestRemoteSeekKilled(t *testing.T) {
+	root := harness.SourceDir(t)
+	tablesImage(t, root)
+	ng := servers.StartNginx(t, root, false)
+	proxy := servers.NewFaultProxy(t, ng.URL)
+	m := mountRemote(t, harness.Daemon{}, proxy.URL+"/tables.qcow2")
+	proxy.Set(servers.Fault{Kind: servers.Delay, Delay: 100 * time.Millisecond, Rate: 256 << 10})
+	t.Cleanup(proxy.Clear) // before the unmount
+	s := harness.StartSeeker(t, filepath.Join(m.Dir, "tables.raw"))
+	harness.WaitFor(t, "the seeker's lseek to wait on the daemon", 10*time.Second, func() bool {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/wchan", s.Cmd.Process.Pid))
+		for _, task := range tasks {
+			if b, _ := os.ReadFile(task); strings.Contains(string(b), "request_wait_answer") {
+				return true
+			}
+		}
+		return false
+	})
+	start := time.Now()
+	s.Cmd.Process.Kill()
+	exited := make(chan struct{})
+	go func() {
+		s.Cmd.Wait()
+		close(exited)
+	}()
+	select {
+	case <-exited:
+		t.Logf("the killed seeker exited after %v", time.Since(start).Round(time.Millisecond))
+	case <-time.After(5 * time.Second):
+		t.Errorf("the killed seeker did not exit within 5 s: the daemon went on walking")
+		proxy.Clear()
+		<-exited
+	}
+}
+
+// tablesImage makes tables.qcow2 in dir: 300 L2 tables of zero clusters
+// (150 GiB), then one cluster of data. SEEK_DATA from 0 reads every table,
+// most of them far from the header (a remote mount has not fetched them).
+func tablesImage(t testing.TB, dir string) string {
+	const tables = 300
+	var cmds []string
+	for i := range tables {
+		cmds = append(cmds, fmt.Sprintf("write -z %dM 64k", i*512))
+	}
+	cmds = append(cmds, fmt.Sprintf("write -P 0x5a %dM 64k", tables*512))
+	return qemu.Make(t, filepath.Join(dir, "tables.qcow2"), fmt.Sprintf("%dM", (tables+1)*512), cmds...)
+}
+
+// threadFile is /proc/self/task/TID/NAME, "" if unreadable.
+func threadFile(tid int, name string) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/%s", tid, name))
+	return string(b)
 }
