@@ -10,7 +10,7 @@ MAN     := bin/qcowfs.1
 # Packages the tests and the demo need (Debian names); nginx serves the
 # remote images of the tests, and qemu-block-extra (qemu's curl driver) is
 # their oracle for the block status of a URL.
-TEST_PKGS := fuse3 qemu-utils qemu-block-extra fdisk e2fsprogs dosfstools util-linux libdeflate-dev gcc groff-base systemd nginx time fio curl
+TEST_PKGS := fuse3 qemu-utils qemu-block-extra fdisk e2fsprogs dosfstools util-linux libdeflate-dev libzstd-dev gcc groff-base systemd nginx time fio curl
 # Go programs the tests need (scripts/go-tools.sh pins their versions:
 # versitygw, the S3 server), installed into $(go env GOPATH)/bin, which
 # the tests find on PATH.
@@ -29,10 +29,10 @@ deps:
 deps-go:
 	@GO=$(GO) scripts/go-tools.sh
 
-# Building needs libdeflate's header (cgo); CGO_ENABLED=0 builds a pure-Go
-# binary with a slower inflate instead.
+# Building needs the headers of libdeflate and libzstd (cgo); CGO_ENABLED=0
+# builds a pure-Go binary with slower decompression instead.
 deps-build:
-	@[ "$$CGO_ENABLED" = 0 ] || scripts/deps.sh libdeflate-dev gcc
+	@[ "$$CGO_ENABLED" = 0 ] || scripts/deps.sh libdeflate-dev libzstd-dev gcc
 
 # Packages with concurrency of their own (remote: parallel range fetches
 # into a shared chunk cache) run under the race detector; the other

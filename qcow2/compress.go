@@ -3,6 +3,7 @@ package qcow2
 import (
 	"bytes"
 	"compress/flate"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"sync"
@@ -76,6 +77,7 @@ type decompressor struct {
 	raws        sync.Pool // *rawInflater (libdeflate)
 	flates      sync.Pool // compress/flate readers (fallback)
 	zstds       sync.Pool // *zstd.Decoder
+	libzstds    sync.Pool // *zstdDecoder (libzstd)
 }
 
 func newDecompressor(typ uint8, clusterSize int64) *decompressor {
@@ -87,9 +89,25 @@ func newDecompressor(typ uint8, clusterSize int64) *decompressor {
 	return d
 }
 
+// zstdWindow is the largest window a zstd frame may declare.
+func (d *decompressor) zstdWindow() uint64 { return uint64(max(2*d.clusterSize, maxZstdWindow)) }
+
 // decompress inflates src into all of dst, one cluster.
 func (d *decompressor) decompress(dst, src []byte) error {
 	if d.typ == compressionZstd {
+		if haveLibzstd && zstdFastFrame(src, len(dst), d.zstdWindow()) {
+			z, _ := d.libzstds.Get().(*zstdDecoder)
+			if z == nil {
+				z = newZstdDecoder()
+			}
+			if z != nil {
+				err := z.decode(dst, src)
+				d.libzstds.Put(z)
+				if err == nil {
+					return nil
+				}
+			}
+		}
 		dec, _ := d.zstds.Get().(*zstd.Decoder)
 		if dec == nil {
 			var err error
@@ -101,7 +119,7 @@ func (d *decompressor) decompress(dst, src []byte) error {
 			// when they were not told the size. A frame that declares
 			// more is refused (EIO).
 			dec, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
-				zstd.WithDecoderMaxWindow(uint64(max(2*d.clusterSize, maxZstdWindow))))
+				zstd.WithDecoderMaxWindow(d.zstdWindow()))
 			if err != nil {
 				return err
 			}
@@ -138,6 +156,69 @@ func (d *decompressor) decompress(dst, src []byte) error {
 	defer d.flates.Put(fr)
 	_, err := io.ReadFull(fr, dst)
 	return err
+}
+
+// zstdFastFrame reports whether src starts with the zstd frame libzstd
+// decodes for us (inflate_libzstd.go): no dictionary, a content size of
+// exactly size bytes, and a window of at most window bytes (the bound the
+// stream decoder applies: a frame over it is refused there). Any other
+// frame goes to the stream decoder.
+func zstdFastFrame(src []byte, size int, window uint64) bool {
+	const magic = 0xFD2FB528
+	if len(src) < 6 || binary.LittleEndian.Uint32(src) != magic {
+		return false
+	}
+	desc := src[4]
+	single := desc&0x20 != 0
+	if desc&0x08 != 0 { // reserved
+		return false
+	}
+	pos := 5
+	var win uint64
+	if !single {
+		wd := src[pos]
+		pos++
+		base := uint64(1) << (10 + wd>>3)
+		win = base + base/8*uint64(wd&7)
+	}
+	if n := [4]int{0, 1, 2, 4}[desc&3]; n > 0 { // a dictionary ID: 0 is none
+		if len(src) < pos+n {
+			return false
+		}
+		for _, b := range src[pos : pos+n] {
+			if b != 0 {
+				return false
+			}
+		}
+		pos += n
+	}
+	var fcs uint64
+	switch desc >> 6 {
+	case 0:
+		if !single || len(src) < pos+1 {
+			return false // no content size
+		}
+		fcs = uint64(src[pos])
+	case 1:
+		if len(src) < pos+2 {
+			return false
+		}
+		fcs = uint64(binary.LittleEndian.Uint16(src[pos:])) + 256
+	case 2:
+		if len(src) < pos+4 {
+			return false
+		}
+		fcs = uint64(binary.LittleEndian.Uint32(src[pos:]))
+	case 3:
+		if len(src) < pos+8 {
+			return false
+		}
+		fcs = binary.LittleEndian.Uint64(src[pos:])
+	}
+	if single {
+		win = fcs
+	}
+	return fcs == uint64(size) && win <= window
 }
 
 // compressedReader returns the readahead reader for compressed data of

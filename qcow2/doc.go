@@ -39,8 +39,9 @@
 //   - holes.go: the lseek hole index (NextData, NextHole, DataBytes),
 //     its bounded, interruptible walks.
 //   - stats.go: counters and allocated bytes.
-//   - compress.go, inflate_go.go, inflate_libdeflate.go: deflate and zstd
-//     compressed clusters, and a layer's state for reading them.
+//   - compress.go, inflate_go.go, inflate_libdeflate.go,
+//     inflate_libzstd.go: deflate and zstd compressed clusters, and a
+//     layer's state for reading them.
 //   - refcount.go: reading refcounts.
 //   - prealloc.go: metadata preallocation detection, by refcount block.
 //   - metadata.go: the metadata map, for overlap checks.
