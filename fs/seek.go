@@ -95,7 +95,9 @@ func killable(ctx context.Context) (context.Context, func()) {
 // dying reports whether the thread tid has a fatal signal pending: the
 // kernel adds SIGKILL to the pending set of every thread of a process a
 // fatal signal kills (its own pending set, SigPnd, or the shared one,
-// ShdPnd, in /proc/TID/status). A thread that is gone counts as dying.
+// ShdPnd, in /proc/TID/status). A thread that is gone, or that the
+// daemon cannot see (pid 0: a caller outside the daemon's pid namespace),
+// counts as dying: its request ends on the interrupt, as before.
 func dying(tid uint32) bool {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", tid))
 	if err != nil {

@@ -3,10 +3,8 @@ package harness
 import (
 	"bufio"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
-	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -18,7 +16,7 @@ const seekerEnv = "QCOWFS_TEST_SEEKER"
 
 // A Seeker is a caller the test can kill in the middle of a request: the
 // test binary run again, which opens a file, says so, and asks
-// lseek(SEEK_DATA) from 0.
+// lseek(SEEK_DATA) from 0 (its answer on its stdout, unread).
 type Seeker struct {
 	Cmd *exec.Cmd
 	out *bufio.Reader
@@ -48,13 +46,6 @@ func StartSeeker(t testing.TB, path string) *Seeker {
 		t.Fatalf("the seeker on %s: %q, %v", path, line, err)
 	}
 	return s
-}
-
-// Answer is the seeker's lseek answer ("OFFSET ERROR"), once it exits;
-// "" if it was killed first.
-func (s *Seeker) Answer() string {
-	b, _ := io.ReadAll(s.out)
-	return strings.TrimSpace(string(b))
 }
 
 // runSeeker is the Seeker's process.
