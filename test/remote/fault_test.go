@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -261,7 +262,7 @@ func TestRemoteSeekSignalled(t *testing.T) {
 		if len(done) > 0 {
 			t.Fatalf("the lseek answered without waiting on the server: %v", <-done)
 		}
-		return proxy.Held() > 0 && strings.Contains(threadFile(th, "wchan"), "request_wait_answer")
+		return proxy.Held() > 0 && inFUSERequest(fmt.Sprintf("/proc/self/task/%d/wchan", th))
 	})
 	if err := unix.Tgkill(os.Getpid(), th, unix.SIGURG); err != nil {
 		t.Fatal(err)
@@ -293,12 +294,7 @@ func TestRemoteSeekKilled(t *testing.T) {
 	s := harness.StartSeeker(t, filepath.Join(m.Dir, "tables.raw"))
 	harness.WaitFor(t, "the seeker's lseek to wait on the daemon", 10*time.Second, func() bool {
 		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/wchan", s.Cmd.Process.Pid))
-		for _, task := range tasks {
-			if b, _ := os.ReadFile(task); strings.Contains(string(b), "request_wait_answer") {
-				return true
-			}
-		}
-		return false
+		return slices.ContainsFunc(tasks, inFUSERequest)
 	})
 	start := time.Now()
 	s.Cmd.Process.Kill()
@@ -328,6 +324,13 @@ func tablesImage(t testing.TB, dir string) string {
 	}
 	cmds = append(cmds, fmt.Sprintf("write -P 0x5a %dM 64k", tables*512))
 	return qemu.Make(t, filepath.Join(dir, "tables.qcow2"), fmt.Sprintf("%dM", (tables+1)*512), cmds...)
+}
+
+// inFUSERequest reports whether the thread whose wchan file this is
+// sleeps waiting for the answer to a FUSE request.
+func inFUSERequest(wchan string) bool {
+	b, _ := os.ReadFile(wchan)
+	return strings.Contains(string(b), "request_wait_answer")
 }
 
 // threadFile is /proc/self/task/TID/NAME, "" if unreadable.
