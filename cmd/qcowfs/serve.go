@@ -349,21 +349,24 @@ func (c *mountCmd) mountFUSE(root *fs.Root, opts *gofs.Options) (*fuse.Server, e
 	return server, nil
 }
 
-// spareProcs lets the daemon run Go code on twice as many Ps as it would
-// by default (the CPUs it may use), unless GOMAXPROCS is set. Go counts a
-// goroutine in a blocking system call or a cgo call as holding its P
-// until the runtime's monitor takes the P back, after 20 µs at the
+// spareProcs lets the daemon run Go code on half again as many Ps as it
+// would by default (the CPUs it may use), unless GOMAXPROCS is set. Go
+// counts a goroutine in a blocking system call or a cgo call as holding
+// its P until the runtime's monitor takes the P back, after 20 µs at the
 // earliest and, measured here, 100 µs or more under load. A FUSE daemon
 // has goroutines in both most of the time: go-fuse's readers wait in
 // read(2) on /dev/fuse, and a compressed cluster inflates in libzstd or
 // libdeflate for 20-60 µs. With one P per CPU, a request read from the
 // kernel or a reply ready to go then waits for a P while a CPU idles:
-// 4 KiB random reads of a zstd image left 10.7 % of the machine idle, with
-// twice the Ps 5.3 %, and ran 9 % faster (docs/benchmarks.md). It is set
-// before the caches and the FUSE server, which size their workers from it.
+// 4 KiB random reads of a zstd image left 10.7 % of the machine idle, 6.8 %
+// with half again the Ps, and ran 7 % faster; twice the Ps left 5.3 % idle
+// but cost 4 KiB reads of plain images CPU in threads spinning for work
+// (docs/benchmarks.md). It is set before the caches and the FUSE server,
+// which size their workers from it.
 func spareProcs() {
 	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(2 * runtime.GOMAXPROCS(0))
+		n := runtime.GOMAXPROCS(0)
+		runtime.GOMAXPROCS(n + (n+1)/2)
 	}
 }
 
