@@ -2,6 +2,7 @@ package qcow2
 
 import (
 	"runtime"
+	"sync"
 	"sync/atomic"
 )
 
@@ -29,6 +30,9 @@ type Cache struct {
 	// inflaters bounds the goroutines inflating clusters in the
 	// background or in parallel for one read, across all images.
 	inflaters chan struct{}
+	// firstInflate runs onInflate once, at the first cluster inflated.
+	firstInflate sync.Once
+	onInflate    func()
 }
 
 // cacheKey names a table: which layer (owner) and where in its file.
@@ -129,6 +133,19 @@ func NewCache(tables, clusters int64) *Cache {
 }
 
 // newOwner returns a key space for one layer's tables.
+// WhenInflating arranges for f to run once, in the goroutine that inflates
+// the first compressed cluster read through c (the daemon gives itself
+// more Ps then: inflating is a cgo call that holds one). Set it before
+// the cache is used.
+func (c *Cache) WhenInflating(f func()) { c.onInflate = f }
+
+// inflating notes that a cluster is about to be inflated.
+func (c *Cache) inflating() {
+	if c.onInflate != nil {
+		c.firstInflate.Do(c.onInflate)
+	}
+}
+
 func (c *Cache) newOwner() uint64 { return c.nextOwner.Add(1) }
 
 // Stats returns the number of table hits and misses so far.

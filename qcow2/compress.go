@@ -257,6 +257,7 @@ func (l *layer) inflate(dst []byte, e l2Entry, entryOff int64) error {
 		return fmt.Errorf("%s: reading compressed cluster at byte offset %d (%d bytes, got %d): %w", l.name, coff, len(src), n, err)
 	}
 	l.comp.inflates.Add(1)
+	l.cache.inflating()
 	if err := d.decompress(dst, src); err != nil {
 		return &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: entryOff,
 			Msg: fmt.Sprintf("compressed cluster at byte offset %d (%d bytes, %s): %v", coff, csize, l.hdr.CompressionName(), err)}

@@ -99,3 +99,56 @@ func TestInflateOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestWhenInflating: the Cache's WhenInflating hook runs once, at the
+// first compressed cluster read, and not for reads of uncompressed data
+// (qemu-img map gives no host offset for compressed data).
+func TestWhenInflating(t *testing.T) {
+	dir := qemu.TempDir(t)
+	raw := filepath.Join(dir, "data.raw")
+	qemu.Create(t, "raw", raw, "4M")
+	qemu.Run(t, "qemu-io", "-f", "raw", "-c", "write -P 0x41 0 4M", raw)
+	p := filepath.Join(dir, "mixed.qcow2")
+	qemu.Img(t, "convert", "-q", "-c", "-O", "qcow2", "-o", "compression_type=zstd", raw, p)
+	qemu.Run(t, "qemu-io", "-f", "qcow2", "-c", "write -P 0x42 1M 1M", p)
+	var plain, compressed []int64
+	for _, e := range qemu.Map(t, p) {
+		switch {
+		case e.Data && e.Offset == nil:
+			compressed = append(compressed, e.Start)
+		case e.Data:
+			plain = append(plain, e.Start)
+		}
+	}
+	if len(plain) == 0 || len(compressed) < 2 {
+		t.Fatalf("qemu-img map: uncompressed data at %v, compressed at %v: want both", plain, compressed)
+	}
+	cache := qcow2.NewCache(qcow2.DefaultCacheSize, 1<<20)
+	var calls int
+	cache.WhenInflating(func() { calls++ })
+	img, err := qcow2.Open(p, qcow2.Options{Cache: cache})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	buf := make([]byte, 4096)
+	read := func(off int64) {
+		t.Helper()
+		if _, err := img.ReadAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, off := range plain {
+		read(off)
+	}
+	if calls != 0 {
+		t.Fatalf("the hook ran %d times after reads of uncompressed data only", calls)
+	}
+	for _, off := range compressed {
+		read(off)
+	}
+	read(compressed[0] + 64<<10)
+	if calls != 1 {
+		t.Errorf("the hook ran %d times after reads of %d compressed extents, want once", calls, len(compressed))
+	}
+}

@@ -36,7 +36,6 @@ func (c *mountCmd) serve(ready *os.File) (err error) {
 	if err := s.setupLog(); err != nil {
 		return err
 	}
-	spareProcs()
 	if err := s.mount(); err != nil {
 		return err
 	}
@@ -159,6 +158,7 @@ func (s *session) newRoot() error {
 		_, cfg.AllowBackingURLs = splitAllowed(c.AllowBackingOutside)
 	}
 	cfg.Image.Cache = qcow2.NewCache(int64(c.L2CacheSize), int64(c.CacheSize))
+	cfg.Image.Cache.WhenInflating(spareProcs)
 	cfg.Image.Budget = qcow2.NewBudget(int64(c.MetadataMemory))
 	if os.Getenv("GOMEMLIMIT") == "" {
 		s.atEnd(c.limitMemory(cfg.Image.Budget, cfg.Remote != nil))
@@ -349,24 +349,21 @@ func (c *mountCmd) mountFUSE(root *fs.Root, opts *gofs.Options) (*fuse.Server, e
 	return server, nil
 }
 
-// spareProcs lets the daemon run Go code on half again as many Ps as it
-// would by default (the CPUs it may use), unless GOMAXPROCS is set. Go
-// counts a goroutine in a blocking system call or a cgo call as holding
-// its P until the runtime's monitor takes the P back, after 20 µs at the
-// earliest and, measured here, 100 µs or more under load. A FUSE daemon
-// has goroutines in both most of the time: go-fuse's readers wait in
-// read(2) on /dev/fuse, and a compressed cluster inflates in libzstd or
-// libdeflate for 20-60 µs. With one P per CPU, a request read from the
-// kernel or a reply ready to go then waits for a P while a CPU idles:
-// 4 KiB random reads of a zstd image left 10.7 % of the machine idle, 6.8 %
-// with half again the Ps, and ran 7 % faster; twice the Ps left 5.3 % idle
-// but cost 4 KiB reads of plain images CPU in threads spinning for work
-// (docs/benchmarks.md). It is set before the caches and the FUSE server,
-// which size their workers from it.
+// spareProcs gives the daemon twice as many Ps as it has (the CPUs it may
+// use), unless GOMAXPROCS is set; it runs once, when the mount first
+// inflates a compressed cluster. Go counts a goroutine in a cgo call or a
+// blocking system call as holding its P until the runtime's monitor takes
+// the P back, 20 µs later at the earliest and, measured here, 100 µs or
+// more under load. Inflating a cluster is a cgo call of 20-60 µs (libzstd,
+// libdeflate), and go-fuse's readers wait in read(2) on /dev/fuse: with
+// one P per CPU, 4 KiB random reads of a zstd image left 10.7 % of the
+// machine idle while requests waited for a P; with twice the Ps 5.3 %, and
+// 12 % more reads a second. Mounts that never inflate keep one P per CPU:
+// there the extra Ps bought nothing but threads spinning for work, 1.5 µs
+// more CPU per 4 KiB read (docs/benchmarks.md).
 func spareProcs() {
 	if os.Getenv("GOMAXPROCS") == "" {
-		n := runtime.GOMAXPROCS(0)
-		runtime.GOMAXPROCS(n + (n+1)/2)
+		runtime.GOMAXPROCS(2 * runtime.GOMAXPROCS(0))
 	}
 }
 
