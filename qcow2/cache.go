@@ -132,7 +132,6 @@ func NewCache(tables, clusters int64) *Cache {
 	return c
 }
 
-// newOwner returns a key space for one layer's tables.
 // WhenInflating arranges for f to run once, in the goroutine that inflates
 // the first compressed cluster read through c (the daemon gives itself
 // more Ps then: inflating is a cgo call that holds one). Set it before
@@ -146,6 +145,7 @@ func (c *Cache) inflating() {
 	}
 }
 
+// newOwner returns a key space for one layer's tables.
 func (c *Cache) newOwner() uint64 { return c.nextOwner.Add(1) }
 
 // Stats returns the number of table hits and misses so far.
