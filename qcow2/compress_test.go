@@ -152,3 +152,46 @@ func TestWhenInflating(t *testing.T) {
 		t.Errorf("the hook ran %d times after reads of %d compressed extents, want once", calls, len(compressed))
 	}
 }
+
+// TestReadAllocs: a 4 KiB read of an uncompressed cluster, and of a
+// compressed cluster already inflated, allocates nothing (issue 33: no
+// allocation per request). The extents are told apart by qemu-img map.
+func TestReadAllocs(t *testing.T) {
+	dir := qemu.TempDir(t)
+	raw := filepath.Join(dir, "data.raw")
+	qemu.Create(t, "raw", raw, "4M")
+	qemu.Run(t, "qemu-io", "-f", "raw", "-c", "write -P 0x41 0 4M", raw)
+	p := filepath.Join(dir, "mixed.qcow2")
+	qemu.Img(t, "convert", "-q", "-c", "-O", "qcow2", "-o", "compression_type=zstd", raw, p)
+	qemu.Run(t, "qemu-io", "-f", "qcow2", "-c", "write -P 0x42 1M 1M", p)
+	var plain, compressed int64 = -1, -1
+	for _, e := range qemu.Map(t, p) {
+		switch {
+		case e.Data && e.Offset == nil && compressed < 0:
+			compressed = e.Start
+		case e.Data && e.Offset != nil && plain < 0:
+			plain = e.Start
+		}
+	}
+	if plain < 0 || compressed < 0 {
+		t.Fatalf("qemu-img map: uncompressed data at %d, compressed at %d: want both", plain, compressed)
+	}
+	img, err := qcow2.Open(p, qcow2.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	buf := make([]byte, 4096)
+	for _, off := range []int64{plain, compressed + 8192} {
+		read := func() {
+			if _, err := img.ReadAt(buf, off); err != nil {
+				t.Fatal(err)
+			}
+		}
+		read() // loads the L2 table, inflates the cluster
+		if a := testing.AllocsPerRun(100, read); a != 0 {
+			t.Errorf("a 4 KiB read at %d (qemu-img map: %s) allocates %.1f times", off,
+				map[bool]string{true: "uncompressed", false: "compressed"}[off == plain], a)
+		}
+	}
+}

@@ -260,13 +260,14 @@ func (img *Image) ReadAt(p []byte, off int64) (int, error) {
 	}
 	pin := img.pins.take()
 	defer pin.Release()
-	// Most reads are one extent (a 4 KiB read of a data cluster): read
-	// it without the machinery below, which costs allocations.
+	// Most reads are one extent (a 4 KiB read of a data cluster, or of
+	// one compressed cluster): read it without the machinery below,
+	// which costs allocations and has nothing to run in parallel.
 	e, err := img.top.extent(off, int64(len(p)), probeNone)
 	if err != nil {
 		return 0, err
 	}
-	if e.Length < int64(len(p)) || e.Status&StatusCompressed != 0 {
+	if e.Length < int64(len(p)) {
 		return img.readExtents(p, off, want)
 	}
 	if err := e.read(p); err != nil {

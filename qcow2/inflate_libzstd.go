@@ -5,6 +5,17 @@ package qcow2
 /*
 #cgo LDFLAGS: -lzstd
 #include <zstd.h>
+
+// qcowfs_zstd_decode decodes the frame at the start of src into dst: one
+// cgo call per cluster. It returns the decoded size, or a libzstd error
+// code (which no cluster size equals).
+static size_t qcowfs_zstd_decode(ZSTD_DCtx *d, void *dst, size_t dn, const void *src, size_t sn) {
+	size_t n = ZSTD_findFrameCompressedSize(src, sn);
+	if (ZSTD_isError(n)) {
+		return n;
+	}
+	return ZSTD_decompressDCtx(d, dst, dn, src, n);
+}
 */
 import "C"
 
@@ -50,12 +61,8 @@ func (z *zstdDecoder) decode(dst, src []byte) error {
 	if len(src) == 0 || len(dst) == 0 {
 		return errLibzstd
 	}
-	n := C.ZSTD_findFrameCompressedSize(unsafe.Pointer(&src[0]), C.size_t(len(src)))
-	if C.ZSTD_isError(n) != 0 {
-		return errLibzstd
-	}
-	got := C.ZSTD_decompressDCtx(z.d, unsafe.Pointer(&dst[0]), C.size_t(len(dst)), unsafe.Pointer(&src[0]), n)
-	if C.ZSTD_isError(got) != 0 || int(got) != len(dst) {
+	got := C.qcowfs_zstd_decode(z.d, unsafe.Pointer(&dst[0]), C.size_t(len(dst)), unsafe.Pointer(&src[0]), C.size_t(len(src)))
+	if uint64(got) != uint64(len(dst)) {
 		return errLibzstd
 	}
 	return nil
