@@ -10,6 +10,8 @@ import (
 
 	kflate "github.com/klauspost/compress/flate"
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/qcowfs/qcowfs/test/qemu"
 )
 
 // The inflate candidates of issue 5, on 64 KiB clusters of real data (the
@@ -19,6 +21,10 @@ import (
 // deflate; see docs/benchmarks.md.
 //
 //	go test -run XXX -bench Inflate ./qcow2
+//
+// zstd-qemu decodes frames as qemu-img writes them (the same clusters,
+// compressed by qemu-img convert); with -tags noasm, klauspost's decoder
+// runs without its assembly.
 
 const benchCluster = 64 << 10
 
@@ -118,4 +124,64 @@ func BenchmarkInflate(b *testing.B) {
 			}
 		}
 	})
+
+	qframes := qemuZstdFrames(b, clusters)
+	for _, dec := range []struct {
+		name   string
+		decode func(dst, src []byte) error
+	}{
+		{"qcowfs", zd.decompress},
+		{"klauspost-stream", func(dst, src []byte) error {
+			if err := stream.Reset(bytes.NewReader(src)); err != nil {
+				return err
+			}
+			_, err := io.ReadFull(stream, dst)
+			return err
+		}},
+	} {
+		b.Run("zstd-qemu/"+dec.name, func(b *testing.B) {
+			b.SetBytes(benchCluster)
+			for i := 0; i < b.N; i++ {
+				if err := dec.decode(dst, qframes[i%len(qframes)]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// qemuZstdFrames compresses clusters with qemu-img convert (zstd) and
+// returns the compressed stream of each of its compressed clusters, as
+// its L2 entries delimit them.
+func qemuZstdFrames(b *testing.B, clusters [][]byte) [][]byte {
+	dir := b.TempDir()
+	raw, img := filepath.Join(dir, "data.raw"), filepath.Join(dir, "zstd.qcow2")
+	if err := os.WriteFile(raw, bytes.Join(clusters, nil), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	qemu.Img(b, "convert", "-q", "-c", "-f", "raw", "-O", "qcow2", "-o", "compression_type=zstd", raw, img)
+	file, err := os.ReadFile(img)
+	if err != nil {
+		b.Fatal(err)
+	}
+	image, err := Open(img, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer image.Close()
+	var frames [][]byte
+	for off := int64(0); off < image.Size(); off += benchCluster {
+		e, err := image.top.extent(off, benchCluster, probeNone)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if e.Status&StatusCompressed != 0 {
+			coff, n := e.layer.compressedRange(e.entry)
+			frames = append(frames, file[coff:min(coff+n, int64(len(file)))])
+		}
+	}
+	if len(frames) == 0 {
+		b.Fatal("qemu-img compressed no cluster")
+	}
+	return frames
 }
