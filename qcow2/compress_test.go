@@ -100,19 +100,19 @@ func TestInflateOnce(t *testing.T) {
 	}
 }
 
-// TestWhenInflating: the Cache's WhenInflating hook runs once, at the
-// first compressed cluster read, and not for reads of uncompressed data
-// (qemu-img map gives no host offset for compressed data).
-func TestWhenInflating(t *testing.T) {
+// mixedImage makes a zstd image of 4 MiB, compressed by qemu-img convert
+// and then 1 MiB of it rewritten uncompressed, and returns it with where
+// qemu-img map places uncompressed and compressed data (no host offset).
+func mixedImage(t *testing.T) (path string, plain, compressed []int64) {
+	t.Helper()
 	dir := qemu.TempDir(t)
 	raw := filepath.Join(dir, "data.raw")
 	qemu.Create(t, "raw", raw, "4M")
 	qemu.Run(t, "qemu-io", "-f", "raw", "-c", "write -P 0x41 0 4M", raw)
-	p := filepath.Join(dir, "mixed.qcow2")
-	qemu.Img(t, "convert", "-q", "-c", "-O", "qcow2", "-o", "compression_type=zstd", raw, p)
-	qemu.Run(t, "qemu-io", "-f", "qcow2", "-c", "write -P 0x42 1M 1M", p)
-	var plain, compressed []int64
-	for _, e := range qemu.Map(t, p) {
+	path = filepath.Join(dir, "mixed.qcow2")
+	qemu.Img(t, "convert", "-q", "-c", "-O", "qcow2", "-o", "compression_type=zstd", raw, path)
+	qemu.Run(t, "qemu-io", "-f", "qcow2", "-c", "write -P 0x42 1M 1M", path)
+	for _, e := range qemu.Map(t, path) {
 		switch {
 		case e.Data && e.Offset == nil:
 			compressed = append(compressed, e.Start)
@@ -120,8 +120,19 @@ func TestWhenInflating(t *testing.T) {
 			plain = append(plain, e.Start)
 		}
 	}
-	if len(plain) == 0 || len(compressed) < 2 {
+	if len(plain) == 0 || len(compressed) == 0 {
 		t.Fatalf("qemu-img map: uncompressed data at %v, compressed at %v: want both", plain, compressed)
+	}
+	return path, plain, compressed
+}
+
+// TestWhenInflating: the Cache's WhenInflating hook runs once, at the
+// first compressed cluster read, and not for reads of uncompressed data
+// (qemu-img map gives no host offset for compressed data).
+func TestWhenInflating(t *testing.T) {
+	p, plain, compressed := mixedImage(t)
+	if len(compressed) < 2 {
+		t.Fatalf("qemu-img map: compressed data at %v: want two extents", compressed)
 	}
 	cache := qcow2.NewCache(qcow2.DefaultCacheSize, 1<<20)
 	var calls int
@@ -157,25 +168,8 @@ func TestWhenInflating(t *testing.T) {
 // compressed cluster already inflated, allocates nothing (issue 33: no
 // allocation per request). The extents are told apart by qemu-img map.
 func TestReadAllocs(t *testing.T) {
-	dir := qemu.TempDir(t)
-	raw := filepath.Join(dir, "data.raw")
-	qemu.Create(t, "raw", raw, "4M")
-	qemu.Run(t, "qemu-io", "-f", "raw", "-c", "write -P 0x41 0 4M", raw)
-	p := filepath.Join(dir, "mixed.qcow2")
-	qemu.Img(t, "convert", "-q", "-c", "-O", "qcow2", "-o", "compression_type=zstd", raw, p)
-	qemu.Run(t, "qemu-io", "-f", "qcow2", "-c", "write -P 0x42 1M 1M", p)
-	var plain, compressed int64 = -1, -1
-	for _, e := range qemu.Map(t, p) {
-		switch {
-		case e.Data && e.Offset == nil && compressed < 0:
-			compressed = e.Start
-		case e.Data && e.Offset != nil && plain < 0:
-			plain = e.Start
-		}
-	}
-	if plain < 0 || compressed < 0 {
-		t.Fatalf("qemu-img map: uncompressed data at %d, compressed at %d: want both", plain, compressed)
-	}
+	p, plainAt, compressedAt := mixedImage(t)
+	plain, compressed := plainAt[0], compressedAt[0]
 	img, err := qcow2.Open(p, qcow2.Options{})
 	if err != nil {
 		t.Fatal(err)
