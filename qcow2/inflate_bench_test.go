@@ -68,33 +68,33 @@ func BenchmarkInflate(b *testing.B) {
 	clusters := benchClusters(b, 512)
 	deflated := deflateClusters(b, clusters)
 	dst := make([]byte, benchCluster)
-	run := func(name string, inflate func(dst, src []byte) error) {
+	run := func(name string, frames [][]byte, inflate func(dst, src []byte) error) {
 		b.Run(name, func(b *testing.B) {
 			b.SetBytes(benchCluster)
 			for i := 0; i < b.N; i++ {
-				if err := inflate(dst, deflated[i%len(deflated)]); err != nil {
+				if err := inflate(dst, frames[i%len(frames)]); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
 	}
 	std := stdflate.NewReader(nil)
-	run("deflate/compress-flate", func(dst, src []byte) error {
+	run("deflate/compress-flate", deflated, func(dst, src []byte) error {
 		std.(stdflate.Resetter).Reset(bytes.NewReader(src), nil)
 		_, err := io.ReadFull(std, dst)
 		return err
 	})
 	kl := kflate.NewReader(nil)
-	run("deflate/klauspost-flate", func(dst, src []byte) error {
+	run("deflate/klauspost-flate", deflated, func(dst, src []byte) error {
 		kl.(kflate.Resetter).Reset(bytes.NewReader(src), nil)
 		_, err := io.ReadFull(kl, dst)
 		return err
 	})
 	if haveLibdeflate {
 		r := newRawInflater()
-		run("deflate/libdeflate", r.inflate)
+		run("deflate/libdeflate", deflated, r.inflate)
 	}
-	run("deflate/qcowfs", newDecompressor(compressionDeflate, benchCluster).decompress)
+	run("deflate/qcowfs", deflated, newDecompressor(compressionDeflate, benchCluster).decompress)
 
 	enc, _ := zstd.NewWriter(nil)
 	var zs [][]byte
@@ -102,51 +102,25 @@ func BenchmarkInflate(b *testing.B) {
 		zs = append(zs, enc.EncodeAll(c, nil))
 	}
 	// klauspost's stream decoder alone, and qcowfs (libzstd for these
-	// frames in a cgo build). Frames of libzstd's encoder, as qemu-img
-	// writes them, favour libzstd more than these of klauspost's (see
-	// inflate_libzstd.go).
+	// frames in a cgo build), on frames of klauspost's encoder (zstd) and
+	// of libzstd's, as qemu-img writes them (zstd-qemu), which favour
+	// libzstd more (see inflate_libzstd.go).
 	stream, _ := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
-	b.Run("zstd/klauspost-stream", func(b *testing.B) {
-		b.SetBytes(benchCluster)
-		for i := 0; i < b.N; i++ {
-			stream.Reset(bytes.NewReader(zs[i%len(zs)]))
-			if _, err := io.ReadFull(stream, dst); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	zd := newDecompressor(compressionZstd, benchCluster)
-	b.Run("zstd/qcowfs", func(b *testing.B) {
-		b.SetBytes(benchCluster)
-		for i := 0; i < b.N; i++ {
-			if err := zd.decompress(dst, zs[i%len(zs)]); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-
-	qframes := qemuZstdFrames(b, clusters)
-	for _, dec := range []struct {
-		name   string
-		decode func(dst, src []byte) error
-	}{
-		{"qcowfs", zd.decompress},
-		{"klauspost-stream", func(dst, src []byte) error {
-			if err := stream.Reset(bytes.NewReader(src)); err != nil {
-				return err
-			}
-			_, err := io.ReadFull(stream, dst)
+	klauspost := func(dst, src []byte) error {
+		if err := stream.Reset(bytes.NewReader(src)); err != nil {
 			return err
-		}},
-	} {
-		b.Run("zstd-qemu/"+dec.name, func(b *testing.B) {
-			b.SetBytes(benchCluster)
-			for i := 0; i < b.N; i++ {
-				if err := dec.decode(dst, qframes[i%len(qframes)]); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+		}
+		_, err := io.ReadFull(stream, dst)
+		return err
+	}
+	zd := newDecompressor(compressionZstd, benchCluster)
+	qframes := qemuZstdFrames(b, clusters)
+	for _, set := range []struct {
+		name   string
+		frames [][]byte
+	}{{"zstd", zs}, {"zstd-qemu", qframes}} {
+		run(set.name+"/klauspost-stream", set.frames, klauspost)
+		run(set.name+"/qcowfs", set.frames, zd.decompress)
 	}
 }
 
