@@ -330,10 +330,7 @@ func (w *writer) growBitmapTable(e *bitmapEntry, need int64) error {
 	if err := w.writeMeta(b, off, MetaBitmapTable); err != nil {
 		return w.fail(err)
 	}
-	if err := w.writeRefblocks(); err != nil {
-		return err
-	}
-	if err := w.sync(); err != nil {
+	if err := w.persistRefcounts(); err != nil {
 		return err
 	}
 	if err := w.writeBitmapEntry(e, off, need); err != nil {

@@ -67,13 +67,8 @@ func (w *writer) flushLocked() error {
 		return err
 	}
 	// 2. The refcount table's new entries.
-	if w.alloc.reft.dirtyLo < w.alloc.reft.dirtyHi {
-		if err := w.writeWords(w.alloc.reft, w.alloc.reftOff, MetaRefcountTable); err != nil {
-			return w.fail(err)
-		}
-		if err := w.sync(); err != nil {
-			return err
-		}
+	if err := w.writeReftable(); err != nil {
+		return err
 	}
 	// 3. L2 tables, and the bitmap tables' new entries.
 	wrote, err := w.writeBitmapTables()
@@ -120,12 +115,31 @@ func (w *writer) flushLocked() error {
 	return nil
 }
 
-// writeRefblocks writes back the dirty refcount blocks now (they stay
-// pinned, clean, until the next flush lets them go). Writing refcounts
-// early is always safe: an increment durable before the reference is a
-// leak at worst, and a decrement is only made once the reference's removal
-// is durable. A header switch to a new table needs it: the new table's
-// own refcounts must be durable first.
+// persistRefcounts makes every refcount change so far durable, and the
+// refcount table entries that name new refcount blocks with them (steps 1
+// and 2 above, for the image file), without the rest of a flush. A switch
+// to a table the allocator just placed (the header's L1 or refcount table
+// pointer, a bitmap's directory entry) is made only after it: the new
+// table's refcount may lie in a block that only the in-memory refcount
+// table names yet, and a refcount in a block the file's refcount table
+// does not name counts for nothing (after a crash: "refcount=0
+// reference=1", and the next allocation reuses a live table).
+//
+// Writing refcounts early is always safe: an increment durable before the
+// reference is a leak at worst, and a decrement is only made once the
+// reference's removal is durable. The blocks stay pinned, clean, until
+// the next flush lets them go.
+func (w *writer) persistRefcounts() error {
+	if err := w.writeRefblocks(); err != nil {
+		return err
+	}
+	if err := w.sync(); err != nil {
+		return err
+	}
+	return w.writeReftable()
+}
+
+// writeRefblocks writes back the dirty refcount blocks.
 func (w *writer) writeRefblocks() error {
 	for _, d := range w.dirty.tables {
 		if d.kind == MetaRefcountBlock {
@@ -135,4 +149,16 @@ func (w *writer) writeRefblocks() error {
 		}
 	}
 	return nil
+}
+
+// writeReftable writes the refcount table's changed entries and syncs
+// them, once the blocks they name are durable (the caller's sync).
+func (w *writer) writeReftable() error {
+	if w.alloc.reft.dirtyLo >= w.alloc.reft.dirtyHi {
+		return nil
+	}
+	if err := w.writeWords(w.alloc.reft, w.alloc.reftOff, MetaRefcountTable); err != nil {
+		return w.fail(err)
+	}
+	return w.sync()
 }

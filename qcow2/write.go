@@ -436,12 +436,9 @@ func (img *Image) Resize(size int64) error {
 	if err := w.writeMeta(buf, off, MetaL1); err != nil {
 		return err
 	}
-	// The new table and its refcounts are durable before the header
-	// names it.
-	if err := w.writeRefblocks(); err != nil {
-		return err
-	}
-	if err := w.sync(); err != nil {
+	// The new table and its refcounts, with the refcount table entries
+	// naming their blocks, are durable before the header names it.
+	if err := w.persistRefcounts(); err != nil {
 		return err
 	}
 	// The header as it is now: allocating the table may have grown the
