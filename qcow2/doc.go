@@ -33,6 +33,8 @@
 //   - image.go: Options, Open and NewImage, the Image, ReadAt.
 //   - layer.go: one file of the chain: the layer, its L1 table, host reads.
 //   - backing.go: building the backing chain (formats, depth, loops).
+//   - chainindex.go: which layer of a deep chain decides each granule,
+//     so that a read below the top asks one layer.
 //   - opener.go: the default opener of local backing and data files, with
 //     name resolution and confinement.
 //   - extent.go: block status (what a guest range is and where it lives).

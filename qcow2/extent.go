@@ -163,6 +163,9 @@ func (l *layer) extent(off, n int64, p probe) (Extent, error) {
 			e.Status = StatusZero
 			return e, nil
 		}
+		if x := b.index; x != nil {
+			return x.extent(off, r.length, p)
+		}
 		return b.extent(off, r.length, p)
 	}
 	return e, nil

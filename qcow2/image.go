@@ -145,6 +145,9 @@ func NewImage(f HostFile, opts Options) (*Image, error) {
 	if err != nil {
 		return nil, err
 	}
+	if top.backing != nil {
+		top.backing.index = newChainIndex(top.backing, opts.Cache)
+	}
 	img := &Image{top: top, cache: opts.Cache, snapshots: top.snapshots, warnf: opts.Warnf}
 	if opts.Writable {
 		if err := img.openForWriting(c); err != nil {

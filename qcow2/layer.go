@@ -25,6 +25,10 @@ type layer struct {
 	virtSize atomic.Int64 // virtual size in bytes (a resize changes it)
 	depth    int          // 0 for the top image
 	backing  *layer
+	// index: which layer from this one down decides each granule
+	// (chainindex.go); set on the top image's backing file of a deep
+	// chain, nil otherwise.
+	index *chainIndex
 
 	// Set for raw layers only.
 	raw bool
@@ -73,6 +77,9 @@ type layer struct {
 // close releases what one layer holds: its cached tables and clusters, its
 // host-hole map and readahead buffer, and its files.
 func (l *layer) close() error {
+	if l.index != nil {
+		l.index.close()
+	}
 	if l.owner != 0 {
 		l.cache.drop(l.owner)
 		l.cache.clusters.drop(l.owner)
