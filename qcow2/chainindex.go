@@ -25,7 +25,8 @@ import (
 // directly; the layers above it are unallocated there, which is exactly
 // what skipping them assumes. A granule whose parts are decided by
 // different layers (a backing file that ends inside it) is marked mixed
-// and always walked; one not seen yet is walked once, whole, and recorded.
+// and always walked. A granule not seen yet is resolved with the 63 around
+// it, a layer at a time (resolve).
 //
 // The depths live in chunks of 4096 granules (4 KiB), kept in the shared
 // table Cache under an owner of the index's own, so they count against
@@ -132,36 +133,81 @@ func (x *chainIndex) extent(off, n int64, p probe) (Extent, error) {
 	for h := g + 1; end < off+n && h>>indexChunkBits == g>>indexChunkBits && depthOf(t, h) == d; h++ {
 		end = (h + 1) << x.gBits
 	}
-	return x.layers[int(d)-x.base].extent(off, min(n, end-off), p)
+	l := x.layers[int(d)-x.base]
+	if off >= l.vsize() {
+		return top.extent(off, n, p) // (never: the layer above decides there)
+	}
+	return l.extent(off, min(n, end-off), p)
 }
 
-// resolve walks granule g of chunk t through the chain and records the
-// depth of the layer that decides it, or that more than one does.
+// resolveBits is log2 of the granules resolved together on a miss.
+const resolveBits = 6
+
+// resolve records the deciding layer of every granule of the aligned
+// block of 1<<resolveBits granules around g, in chunk t. It goes down the
+// chain a layer at a time, asking each layer only for what the layers
+// above left unallocated, in runs (layer.lookup): a layer above the one
+// that decides costs one lookup per run it leaves, not one per granule, so
+// a block costs about what walking the chain for one granule did.
 func (x *chainIndex) resolve(t *table, g int64) error {
-	top := x.layers[0]
-	start := g << x.gBits
-	end := min(start+1<<x.gBits, top.vsize())
-	d := -1
-	for pos := start; pos < end; {
-		e, err := top.extent(pos, end-pos, probeNone)
-		if err != nil {
-			return err
+	const n = 1 << resolveBits
+	first := g &^ (n - 1)
+	start := first << x.gBits
+	end := min(start+n<<x.gBits, x.layers[0].vsize())
+	var dec [n]int     // the deciding depth of each granule; 0: none yet
+	var cover [n]int64 // and how many of its bytes it decided
+	mark := func(a, b int64, d int) {
+		for h := a >> x.gBits; h<<x.gBits < b; h++ {
+			i := h - first
+			lo, hi := max(a, h<<x.gBits), min(b, (h+1)<<x.gBits)
+			switch {
+			case dec[i] == 0:
+				dec[i] = d
+			case dec[i] != d:
+				dec[i] = indexMixed
+			}
+			cover[i] += hi - lo
 		}
-		if e.Length <= 0 {
-			d = indexMixed
-			break
-		}
-		switch {
-		case d < 0:
-			d = e.Depth
-		case d != e.Depth:
-			d = indexMixed
-		}
-		pos += e.Length
 	}
-	if d < 0 || end-start < 1<<x.gBits {
-		d = indexMixed // the end of the disk: walk it
+	pending := []hostRange{{start, end}} // guest ranges no layer decided yet
+	for _, l := range x.layers {
+		var next []hostRange
+		for _, r := range pending {
+			// Past the end of this layer, the layer above decides:
+			// zeros (layer.extent's rule).
+			if r.end > l.vsize() {
+				mark(max(r.start, l.vsize()), r.end, l.depth-1)
+				r.end = max(r.start, l.vsize())
+			}
+			for pos := r.start; pos < r.end; {
+				if l.raw {
+					mark(pos, r.end, l.depth)
+					break
+				}
+				run, err := l.lookup(pos, r.end-pos)
+				if err != nil {
+					return err
+				}
+				if run.length <= 0 {
+					mark(pos, r.end, indexMixed)
+					break
+				}
+				if run.kind == kindUnallocated && l.backing != nil {
+					next = append(next, hostRange{pos, pos + run.length})
+				} else {
+					mark(pos, pos+run.length, l.depth)
+				}
+				pos += run.length
+			}
+		}
+		pending = next
 	}
-	record(t, g, uint8(d))
+	for i := range int64(n) {
+		d := dec[i]
+		if d == 0 || cover[i] != 1<<x.gBits {
+			d = indexMixed // the end of the disk, or not decided whole
+		}
+		record(t, first+i, uint8(d))
+	}
 	return nil
 }

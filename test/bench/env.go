@@ -32,6 +32,11 @@ type env struct {
 	seq   int
 	tmpfs bool     // tmpfsDir is mounted
 	net   *network // the servers of the remote workloads (remote.go)
+
+	// kept are the targets of a workload that keeps its mounts across
+	// rounds (workload.keep), by contestant id; keptFor is its id.
+	kept    map[string]*target
+	keptFor string
 }
 
 func newEnv(ctx context.Context, cfg config) (*env, error) {
@@ -65,6 +70,7 @@ func (e *env) onClose(f func()) {
 }
 
 func (e *env) close() {
+	e.releaseKept()
 	e.mu.Lock()
 	undo := e.undo
 	e.undo = nil

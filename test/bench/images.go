@@ -55,6 +55,10 @@ var images = []*image{
 		make: qemuIO(`"$DST" 1G`, `for i in $(seq 0 2 16383) $(seq 1 2 16383); do echo "write -q -P $((i % 255 + 1)) $((i * 65536)) 64k"; done`)},
 	{name: "prealloc", title: "1 GiB preallocation=metadata, 6 MiB of data",
 		make: qemuIO(`-o preallocation=metadata "$DST" 1G`, `printf 'write -q -P 90 0 4M\nwrite -q -P 91 300M 1M\nwrite -q -P 92 1023M 1M\n'`)},
+	{name: "chain1", title: "a 1 GiB disk of one image, every 64 KiB cluster written", make: chain(1, 1<<30, 16384)},
+	{name: "chain16", title: "the same 1 GiB spread over a backing chain of 16 images, each holding every 16th cluster", make: chain(16, 1<<30, 16384)},
+	{name: "chain64", title: "the same over 64 images, each holding every 64th cluster", make: chain(64, 1<<30, 16384)},
+	{name: "chain64t", title: "a 1 TiB disk over 64 images, 256 MiB of data, each image's clusters spread over the whole disk", make: chain(64, 1<<40, 4096)},
 	{name: "guest", title: "a GPT disk, one ext4 partition at 1 MiB with 384 MiB of files from /usr",
 		raw: pick + `st="$RAW.tree"; rm -rf "$st" "$RAW.part"; mkdir "$st"
 { pick /usr/share 256; pick /usr/lib 128; } | tar -cf - --no-unquote -T - 2>/dev/null | tar -xf - -C "$st"
@@ -146,4 +150,22 @@ func (e *env) key() string {
 func exists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
+}
+
+// chain makes a backing chain of depth images of size bytes: the top is
+// $DST, the others are in the layers folder beside it (l00.qcow2 the
+// base), so that a mount of the image's folder shows the top alone (and
+// does no work for the layers until that folder is listed). n clusters of
+// 64 KiB are spread evenly over the disk: cluster i is written, with its
+// own byte, in layer i%depth, so every layer holds 1/depth of them and a
+// read walks half the chain on average.
+func chain(depth int, size int64, n int) string {
+	return fmt.Sprintf(`d=%d n=%d size=%d dir=$(dirname "$DST"); prev=; step=$(( size / 65536 / n ))
+rm -rf "$dir/layers"; mkdir "$dir/layers"
+for k in $(seq 0 $((d - 1))); do
+  f="$dir/layers/l$(printf %%02d $k).qcow2" b=$(basename "$prev"); [ $k = $((d - 1)) ] && f="$DST" b="layers/$b"
+  if [ -z "$prev" ]; then qemu-img create -q -f qcow2 "$f" $size; else qemu-img create -q -f qcow2 -b "$b" -F qcow2 "$f" $size; fi
+  for i in $(seq $k $d $((n - 1))); do echo "write -q -P $((i %% 255 + 1)) $((i * step * 65536)) 64k"; done | qemu-io -t unsafe -f qcow2 "$f" > /dev/null
+  prev=$f
+done`, depth, n, size)
 }

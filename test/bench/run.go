@@ -89,9 +89,14 @@ func (r *result) describe(c *contestant, o outcome, err error) string {
 // daemon's meters read around it, the target closed (a written image is
 // closed then), and the run verified.
 func (e *env) measure(w *workload, c *contestant, round int) (o outcome, err error) {
-	t, err := e.setup(w, c)
+	var t *target
+	if w.keep {
+		t, err = e.keptTarget(w, c)
+	} else {
+		t, err = e.setup(w, c)
+	}
 	defer func() {
-		if t == nil {
+		if t == nil || w.keep {
 			return
 		}
 		if cerr := e.closeTarget(t); err == nil {
@@ -139,8 +144,10 @@ func (e *env) measure(w *workload, c *contestant, round int) (o outcome, err err
 			return o, err
 		}
 	}
-	if err := e.closeTarget(t); err != nil {
-		return o, err
+	if !w.keep {
+		if err := e.closeTarget(t); err != nil {
+			return o, err
+		}
 	}
 	for k, v := range t.vals {
 		o.vals[k] = v
@@ -179,4 +186,38 @@ func parseLines(out string, o *outcome) error {
 		o.vals[name] = f
 	}
 	return nil
+}
+
+// keptTarget is c's target for a workload that keeps its mounts across
+// rounds: made at its first run, torn down when the next workload starts
+// (releaseKept) or the bench ends. The targets of an earlier workload go
+// first.
+func (e *env) keptTarget(w *workload, c *contestant) (*target, error) {
+	if e.keptFor != w.id {
+		e.releaseKept()
+		e.keptFor, e.kept = w.id, map[string]*target{}
+	}
+	if t := e.kept[c.id]; t != nil {
+		return t, nil
+	}
+	t, err := e.setup(w, c)
+	if err != nil {
+		if t != nil {
+			e.closeTarget(t)
+		}
+		return nil, err
+	}
+	e.kept[c.id] = t
+	return t, nil
+}
+
+// releaseKept tears down the kept targets.
+func (e *env) releaseKept() {
+	for _, t := range e.kept {
+		e.closeTarget(t)
+		for _, f := range t.files {
+			os.RemoveAll(f)
+		}
+	}
+	e.kept, e.keptFor = nil, ""
 }

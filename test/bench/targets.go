@@ -115,7 +115,7 @@ func (e *env) setup(w *workload, c *contestant) (*target, error) {
 	if t.pid != 0 {
 		t.meters = append(t.meters, daemonMeter(t.pid))
 	}
-	t.vars = append(t.vars, "FILE="+t.file)
+	t.vars = append(t.vars, "FILE="+t.file, fmt.Sprintf("PID=%d", t.pid))
 	if w.after != "" { // runs first at teardown, also after a failure
 		t.down(func() error {
 			e.run(job{script: w.after, vars: t.vars, limit: time.Minute, cleanup: true})

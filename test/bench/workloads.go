@@ -26,6 +26,10 @@ type workload struct {
 	remote string
 	rtt    time.Duration
 	who    []string // contestants, in the order of the first round
+	// keep: each contestant's mount is made once and kept for every
+	// round (all of them mounted beside each other for the workload),
+	// not made afresh for each run.
+	keep bool
 
 	prepare func(e *env) error // once, before the first round
 	before  string             // untimed, before the command
@@ -138,6 +142,17 @@ var (
 		return cpu / o.vals["ios"] * 1e6, ok && o.vals["ios"] > 0
 	}}
 	// The probe's counts (contestants.go).
+	// cpuPerGiBOf is the daemon's CPU per GiB of the disk in the lap key
+	// (its CPU printed as @key_cpu).
+	cpuPerGiBOf = func(name, key string) metric {
+		return metric{name: name, unit: "s", lower: true, of: func(o *outcome) (float64, bool) {
+			cpu, ok := o.vals[key+"_cpu"]
+			return cpu / (float64(o.size) / (1 << 30)), ok
+		}}
+	}
+	rssPeak = metric{name: "daemon peak RSS", unit: "MiB", lower: true, of: func(o *outcome) (float64, bool) {
+		return float64(o.rss) / (1 << 20), o.rss > 0
+	}}
 	lseeks  = count("host lseek", "lseek")
 	fiemaps = count("host FIEMAP", "fiemap")
 	perClus = metric{name: "host reads per compressed cluster", lower: true, count: true, of: func(o *outcome) (float64, bool) {
@@ -156,6 +171,17 @@ const (
 for i in $(seq 100); do [ -b ${dev}p1 ] && break; sleep 0.1; done
 mkdir "$RUN/g"; mount -t ext4 -o ro,noload ${dev}p1 "$RUN/g"`
 	tarGst = `cd "$RUN/g" && tar cf - . | wc -c`
+	// reread is issue 45's sequence for one presenter whose mount is
+	// kept (workload.keep): every cache dropped, the disk read cold; the
+	// image file read into the host's page cache; the disk read again
+	// (what the mount's page cache kept, and the daemon for the rest).
+	// The daemon's CPU ($PID) of each read is printed.
+	reread = `cpu() { local s; s=$(cat /proc/$PID/stat); s=${s##*) }; set -- $s; echo $(( ${12} + ${13} )); }
+dropcaches; a=$(cpu); lap cold 'dd if="$FILE" of=/dev/null bs=1M status=none'; b=$(cpu)
+cat "$IMG" > /dev/null; c=$(cpu); lap again 'dd if="$FILE" of=/dev/null bs=1M status=none'; d=$(cpu)
+echo "@cold_cpu $(( b - a ))e-2"; echo "@again_cpu $(( d - c ))e-2"`
+	// chainCached reads every layer of a chain's folder into the page cache.
+	chainCached = `cat "$IMG" $(ls "$(dirname "$IMG")"/layers/*.qcow2 2>/dev/null) > /dev/null`
 	// cached reads the image file into the host's page cache (the page
 	// cache of a mount made for the run is empty); hot drops every cache
 	// first.
@@ -186,6 +212,9 @@ func readWorkloads() []*workload {
 			own: map[string]string{"raw": dd}, metrics: []metric{rate("MB/s", "", 0), cpuPerGiB}},
 		{id: "fio-plain", title: "fio 4 KiB random reads, 4 jobs, O_DIRECT, the plain image (its file in the page cache)", image: "plain",
 			who: []string{"raw", "qcowfs", "qemu", "qcowmount"}, before: cached, cmd: fioRead, parse: parseFio, metrics: []metric{iops, cpuPerIO}, quick: []string{"qcowfs", "qemu"}},
+		{id: "reread-plain", title: "issue 45's sequence, the three presenters mounted beside each other for every round: caches dropped, a cold read, the image file read into the page cache, the disk read again", image: "plain",
+			who: []string{"qcowfs", "qemu", "qcowmount"}, keep: true, cmd: reread,
+			metrics: []metric{rate("re-read MB/s", "again", 0), rate("cold MB/s", "cold", 0), cpuPerGiBOf("daemon CPU per GiB, re-read", "again"), cpuPerGiBOf("daemon CPU per GiB, cold", "cold")}},
 		{id: "guest", title: "tar of every file of the guest's ext4 partition, through a loop device", image: "guest", who: readers,
 			before: mountGst, cold: true, cmd: tarGst, after: unmntGst, metrics: []metric{took("time", "")}},
 	}
@@ -215,6 +244,19 @@ func readWorkloads() []*workload {
 				who: []string{"convert", "qcowfs"}, cmd: cp, own: map[string]string{"convert": convert}, verify: sameAsRaw,
 				metrics: []metric{took("time", "")}})
 	}
+	// Backing chains (issue 45): 1 GiB spread over 1, 16 and 64 layers
+	// (their bytes through qcowfs are TestChainIndexRandom's to check);
+	// qcowmount does not follow backing files, so it is only in the first.
+	for _, img := range []string{"chain1", "chain16", "chain64"} {
+		who := []string{"qcowfs", "qemu", "qemu-tuned"}
+		if img == "chain1" {
+			who = append(who, "qcowmount")
+		}
+		ws = append(ws, &workload{id: "fio-" + img, title: "fio 4 KiB random reads, 4 jobs, O_DIRECT, " + imageNamed(img).title + " (every layer's file in the page cache)", image: img,
+			who: who, before: chainCached, cmd: fioRead, parse: parseFio, metrics: []metric{iops, cpuPerIO}})
+	}
+	ws = append(ws, &workload{id: "fio-chain64t", title: "fio 4 KiB random reads, 4 jobs, O_DIRECT, " + imageNamed("chain64t").title + ": the daemon's memory", image: "chain64t",
+		who: []string{"qcowfs", "qemu-tuned"}, before: chainCached, cmd: fioRead, parse: parseFio, metrics: []metric{rssPeak, iops, cpuPerIO}})
 	for _, img := range []string{"deflate", "zstd"} {
 		ws = append(ws, &workload{id: "fio-" + img, title: "fio 4 KiB random reads, 4 jobs, O_DIRECT, the " + img + " image (its file in the page cache)", image: img,
 			who: []string{"qcowfs", "qemu", "qcowmount"}, before: cached, cmd: fioRead, parse: parseFio, metrics: []metric{iops, cpuPerIO}})
