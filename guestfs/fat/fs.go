@@ -192,7 +192,9 @@ func (f *FS) readChain(start uint32, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-// fold is a name as a lookup compares it (sameName).
+// fold is a name as a vfat lookup compares it: ASCII letters without
+// regard to case, every other byte as it is (Linux's nls_strnicmp over
+// the ascii table).
 func fold(n string) string {
 	return strings.Map(func(r rune) rune {
 		if 'A' <= r && r <= 'Z' {

@@ -108,24 +108,3 @@ func checksum(raw []byte) byte {
 	}
 	return s
 }
-
-// sameName compares names as a vfat lookup does: byte for byte, ASCII
-// letters without regard to case.
-func sameName(a, b string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := 0; i < len(a); i++ {
-		x, y := a[i], b[i]
-		if 'A' <= x && x <= 'Z' {
-			x += 'a' - 'A'
-		}
-		if 'A' <= y && y <= 'Z' {
-			y += 'a' - 'A'
-		}
-		if x != y {
-			return false
-		}
-	}
-	return true
-}
