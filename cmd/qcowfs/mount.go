@@ -79,7 +79,9 @@ qcowfs mount returns once the mount is live and prints one line for each
 image it does not show (and why). The daemon serves until the mount is
 unmounted: qcowfs unmount MNT, umount MNT or fusermount3 -u MNT. As a
 mount helper (mount -t fuse.qcowfs, /etc/fstab), every flag is an -o
-option with underscores.`
+option with underscores. The files and folders the mount reads or writes
+for itself (--log-file, --cache-dir, the keys, the overlays, $TMPDIR with
+--overlay=temp) must lie outside the mount point and the source folder.`
 }
 
 // daemonEnv marks the re-executed daemon; fd 3 is then the pipe on which it
@@ -163,6 +165,18 @@ func (c *mountCmd) resolvePaths() error {
 	if err := makeAbs(paths...); err != nil {
 		return err
 	}
+	// The daemon leaves the caller's working folder: a relative TMPDIR
+	// (throwaway overlays) or XDG_RUNTIME_DIR (the control socket) it
+	// inherits must be the caller's too.
+	for _, env := range []string{"TMPDIR", "XDG_RUNTIME_DIR"} {
+		if d := os.Getenv(env); d != "" && !filepath.IsAbs(d) {
+			abs, err := filepath.Abs(d)
+			if err != nil {
+				return err
+			}
+			os.Setenv(env, abs)
+		}
+	}
 	for i, d := range c.AllowBackingOutside {
 		if remote.IsURL(d) {
 			continue
@@ -219,9 +233,8 @@ func (c *mountCmd) preflight() error {
 		if err := c.keyRoots(); err != nil {
 			return err
 		}
-		if err := c.checkRemote(); err != nil {
-			return fmt.Errorf("source: %w", err)
-		}
+		// (checkRemote comes after the checks of the mount point and
+		// the mount's own folders: it makes the disk cache's.)
 	} else {
 		var err error
 		if st, err = os.Stat(c.Source); err != nil {
@@ -283,6 +296,13 @@ func (c *mountCmd) preflight() error {
 			// and hang.
 			return fmt.Errorf("source %s: inside the mount point %s; the mount would hide its own source", c.Source, c.Mountpoint)
 		}
+		srcDir, img := realSrc, ""
+		if !st.IsDir() {
+			srcDir, img = "", realSrc
+		}
+		if err := c.checkOwnPaths(realMnt, srcDir, img); err != nil {
+			return err
+		}
 		if c.Overlay != "" && c.Overlay != tempOverlay {
 			srcDir := realSrc
 			if !st.IsDir() {
@@ -292,9 +312,17 @@ func (c *mountCmd) preflight() error {
 				return err
 			}
 		}
-	} else if c.Overlay != "" && c.Overlay != tempOverlay {
-		if err := checkOverlayDir(c.Overlay, "", realMnt); err != nil {
+	} else {
+		if err := c.checkOwnPaths(realMnt, "", ""); err != nil {
 			return err
+		}
+		if c.Overlay != "" && c.Overlay != tempOverlay {
+			if err := checkOverlayDir(c.Overlay, "", realMnt); err != nil {
+				return err
+			}
+		}
+		if err := c.checkRemote(); err != nil {
+			return fmt.Errorf("source: %w", err)
 		}
 	}
 	// (After the source's checks: a missing source says so first.)
@@ -337,19 +365,7 @@ func (c *mountCmd) preflight() error {
 // the source would put overlays where its images are.
 func checkOverlayDir(dir, src, mnt string) error {
 	// Where the folder will be, after symlinks, before anything is made.
-	real, rest := dir, ""
-	for {
-		r, err := filepath.EvalSymlinks(real)
-		if err == nil {
-			real = filepath.Join(r, rest)
-			break
-		}
-		if !errors.Is(err, os.ErrNotExist) || real == "/" {
-			return fmt.Errorf("overlay folder: %w", err)
-		}
-		rest = filepath.Join(filepath.Base(real), rest)
-		real = filepath.Dir(real)
-	}
+	real := realPath(dir)
 	switch {
 	case src != "" && within(real, src):
 		return fmt.Errorf("overlay folder %s: inside the source folder %s; put it outside the source", dir, src)

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/qcowfs/qcowfs/fs"
 	"github.com/qcowfs/qcowfs/internal/remotefile"
@@ -95,6 +96,9 @@ func refusalHint(err error) string {
 		return "--metadata-memory=SIZE gives image metadata more memory"
 	case errors.As(err, new(*fs.BaseChangedError)):
 		return "--accept-changed-base serves it anyway"
+	case errors.Is(err, syscall.EDEADLK):
+		// fs refused the daemon's own request on its mount.
+		return "it lies inside the mount point, which the daemon cannot read from itself"
 	}
 	return ""
 }
