@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/qcowfs/qcowfs/fs"
+	"github.com/qcowfs/qcowfs/internal/remotefile"
 	"github.com/qcowfs/qcowfs/qcow2"
 	"github.com/qcowfs/qcowfs/remote"
 )
@@ -214,6 +216,14 @@ func (s *session) mount() error {
 			f.Close()
 		})
 	}
+	if c.singleImage() {
+		// The first scan, before mounting: a single image the mount
+		// would not show fails it (preflight's checks of the image
+		// do not open its overlay, which may be refused too).
+		if err := s.singleRefused(); err != nil {
+			return err
+		}
+	}
 	// Before this mount is made, so that it does not find itself.
 	shared := c.sharedWriters()
 	server, err := c.mountFUSE(s.root, opts)
@@ -231,6 +241,29 @@ func (s *session) mount() error {
 	for _, line := range shared {
 		s.log.Warn(line)
 		s.say("warning: %s", line)
+	}
+	return nil
+}
+
+// singleImage reports whether the source is one image (a file, or the
+// URL of one object), not a folder or a prefix.
+func (c *mountCmd) singleImage() bool {
+	if remote.IsURL(c.Source) {
+		return !remotefile.IsPrefix(c.Source)
+	}
+	st, err := os.Stat(c.Source)
+	return err == nil && st.Mode().IsRegular()
+}
+
+// singleRefused scans a single image's mount and returns why the image
+// is not shown, or nil.
+func (s *session) singleRefused() error {
+	for path, err := range s.root.Refused() {
+		err = hintWith(err, s.cmd.refusalHint(err))
+		if !strings.Contains(err.Error(), path) {
+			return fmt.Errorf("source %s: %w", path, err)
+		}
+		return fmt.Errorf("source: %w", err)
 	}
 	return nil
 }
