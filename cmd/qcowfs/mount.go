@@ -120,6 +120,9 @@ func (c *mountCmd) Run(inv *invocation) error {
 		c.keyCache = qcow2.NewKeyCache()
 		defer c.keyCache.Close()
 	}
+	if ready == nil {
+		warnings = append(warnings, c.modeWarnings(inv)...)
+	}
 	for _, w := range warnings {
 		fmt.Fprintf(os.Stderr, "qcowfs: warning: %s\n", w)
 	}
@@ -144,6 +147,19 @@ func (c *mountCmd) Run(inv *invocation) error {
 		return c.serve(ready)
 	}
 	return c.daemonize(inv)
+}
+
+// modeWarnings says when the mount will be read-only although the
+// command line asked for writes: rw alone (qcowfs writes only with
+// writable), or ro beside writable (ro wins).
+func (c *mountCmd) modeWarnings(inv *invocation) []string {
+	switch {
+	case c.RO && c.Writable:
+		return []string{"ro and writable both given: ro wins, the mount is read-only"}
+	case inv.rwOption && !c.Writable:
+		return []string{"option rw: the mount is read-only; qcowfs writes only with -o writable (--writable)"}
+	}
+	return nil
 }
 
 // resolvePaths makes every path flag absolute against the caller's
