@@ -403,6 +403,7 @@ func (m *mount) validate(e *entry, old *entry, since uint64) {
 	}
 	defer m.release(oi)
 	m.noteRefusal(m.src.abs(e.rel), nil)
+	m.noteImage(e.key, m.src.abs(e.rel))
 	if old != nil && old.locked {
 		m.log.Info("image shown again: no other process writes it now", "image", m.src.abs(e.rel))
 	}

@@ -27,6 +27,35 @@ type refusalLister interface {
 	Refused() map[string]error
 }
 
+// A readOnlyLister knows which images a writable mount shows read-only,
+// and why (with what would make them writable): image path -> reason.
+// Call it after Refused, whose first scan opens every image.
+//
+// The root node implements it.
+type readOnlyLister interface {
+	ReadOnly() map[string]string
+}
+
+// readOnlyLines says, one line per image in path order, which image a
+// writable mount shows read-only, and why: "shown read-only: PATH: why
+// (what to do)".
+func readOnlyLines(l readOnlyLister) []string {
+	if l == nil {
+		return nil
+	}
+	m := l.ReadOnly()
+	paths := make([]string, 0, len(m))
+	for p := range m {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	lines := make([]string, 0, len(paths))
+	for _, p := range paths {
+		lines = append(lines, "shown read-only: "+p+": "+m[p])
+	}
+	return lines
+}
+
 // A statsSource gives the tree's counters for qcowfs status: per image,
 // requests, bytes, cache hit rates; any value encoding/json can print,
 // under "images".

@@ -284,6 +284,10 @@ func (s *session) serve() {
 	for _, line := range refusalLines(refused, c.refusalHint) {
 		s.say("%s", line)
 	}
+	var readOnly readOnlyLister = s.root
+	for _, line := range readOnlyLines(readOnly) {
+		s.say("%s", line)
+	}
 	if n, none := s.root.NoImages(); none {
 		line := fmt.Sprintf("%s: no qcow2 images among the %s listed (only objects that begin with the qcow2 magic are shown); the mount is empty", shownSource(c.Source), plural(n, "object"))
 		s.log.Warn(line)
@@ -297,7 +301,7 @@ func (s *session) serve() {
 			facts.CacheMode = "writeback"
 		}
 	}
-	stopControl, err := startControl(c.Mountpoint, func() any { return facts.status(refused, stats) }, s.log)
+	stopControl, err := startControl(c.Mountpoint, func() any { return facts.status(refused, readOnly, stats) }, s.log)
 	if err != nil {
 		s.log.Warn("no control socket; qcowfs status will not answer", "err", err)
 	}

@@ -47,9 +47,17 @@ type mountStatus struct {
 	// "writethrough" (--no-writeback-cache).
 	CacheMode string    `json:"cache-mode,omitempty"`
 	Refused   []refusal `json:"refused"`
+	// ReadOnly are the images a writable mount shows read-only, and
+	// why.
+	ReadOnly []readOnlyImage `json:"read-only"`
 	// Images is the tree's counters (fs.Status: the open images with
 	// their handles and reads, the table cache, the remote client).
 	Images any `json:"images,omitempty"`
+}
+
+type readOnlyImage struct {
+	Image  string `json:"image"`
+	Reason string `json:"reason"`
 }
 
 type refusal struct {
@@ -72,9 +80,10 @@ type mountFacts struct {
 
 // status builds the answer: the facts, the refused images, and stats (the
 // tree's counters).
-func (f mountFacts) status(refused refusalLister, stats func() any) mountStatus {
+func (f mountFacts) status(refused refusalLister, readOnly readOnlyLister, stats func() any) mountStatus {
 	s := mountStatus{Source: f.Source, Mountpoint: f.Mountpoint, PID: f.PID, Started: f.Started, Log: f.Log,
-		Writable: f.Writable, Overlay: f.Overlay, TempOverlay: f.TempOverlay, CacheMode: f.CacheMode, Refused: []refusal{}}
+		Writable: f.Writable, Overlay: f.Overlay, TempOverlay: f.TempOverlay, CacheMode: f.CacheMode, Refused: []refusal{},
+		ReadOnly: []readOnlyImage{}}
 	if refused != nil {
 		m := refused.Refused()
 		for p, err := range m {
@@ -83,6 +92,12 @@ func (f mountFacts) status(refused refusalLister, stats func() any) mountStatus 
 			s.Refused = append(s.Refused, refusal{Image: p, Reason: reason, Hint: f.Hint(err)})
 		}
 		sort.Slice(s.Refused, func(i, j int) bool { return s.Refused[i].Image < s.Refused[j].Image })
+	}
+	if readOnly != nil {
+		for p, why := range readOnly.ReadOnly() {
+			s.ReadOnly = append(s.ReadOnly, readOnlyImage{Image: p, Reason: why})
+		}
+		sort.Slice(s.ReadOnly, func(i, j int) bool { return s.ReadOnly[i].Image < s.ReadOnly[j].Image })
 	}
 	if stats != nil {
 		s.Images = stats()
@@ -136,6 +151,12 @@ func (c *statusCmd) Run() error {
 			line += " (" + r.Hint + ")"
 		}
 		fmt.Fprintln(w, line)
+	}
+	if s.Writable && s.Overlay == "" {
+		fmt.Fprintf(w, "read-only:   %s\n", plural(len(s.ReadOnly), "image"))
+		for _, r := range s.ReadOnly {
+			fmt.Fprintf(w, "  %s: %s\n", r.Image, r.Reason)
+		}
 	}
 	if st := counters.Images; st != nil {
 		fmt.Fprintf(w, "open:        %s\n", plural(len(st.Images), "image"))

@@ -68,7 +68,9 @@ type Status struct {
 	TempOverlay bool   `json:"temp-overlay"`
 	CacheMode   string `json:"cache-mode"`
 	Refused     []struct{ Image, Reason, Hint string }
-	Images      struct {
+	// ReadOnly are the images a writable mount shows read-only.
+	ReadOnly []struct{ Image, Reason string } `json:"read-only"`
+	Images   struct {
 		Open []OpenImage `json:"open-images"`
 		Errors
 		Remote *RemoteStats `json:"remote"` // nil but for a remote mount
