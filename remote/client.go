@@ -153,7 +153,7 @@ func (c *Client) Open(ctx context.Context, rawURL string) (*Object, error) {
 	// Keep the first chunk: it holds the image's header (on disk too,
 	// where a hydration finds it).
 	if c.disk != nil && n > 0 && n == int64(o.chunkLen(0)) {
-		c.disk.put(o.diskKey, 0, buf[:n])
+		c.disk.put(o.diskKey, 0, buf[:n]) // (a failure is logged, once)
 	}
 	if n > 0 {
 		if s, res := c.cache.get(chunkKey{o.id, 0}); res == reserved {

@@ -418,7 +418,7 @@ func (o *Object) fetchRun(run []*slot, prefetch bool) {
 		if at <= got {
 			o.c.cache.finish(s, len(bufs[i]), nil)
 			if o.c.disk != nil {
-				o.c.disk.put(o.diskKey, first+int64(i), bufs[i])
+				o.c.disk.put(o.diskKey, first+int64(i), bufs[i]) // (a failure is logged, once)
 			}
 		} else {
 			o.c.cache.finish(s, 0, err)

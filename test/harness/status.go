@@ -57,6 +57,7 @@ type Hydration struct {
 	Percent float64 `json:"percent"`
 	Rate    int64   `json:"rate"`
 	State   string  `json:"state"`
+	Error   string  `json:"error"`
 }
 
 // A Status is what the tests read of qcowfs status --output=json.
