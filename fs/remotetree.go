@@ -171,7 +171,7 @@ func (t *remoteTree) list() (*listing, error) {
 		if i := strings.IndexAny(name, "?#"); i >= 0 {
 			name = name[:i]
 		}
-		if strings.HasPrefix(t.single, "s3://") {
+		if strings.HasPrefix(t.single, "s3://") && !t.c.Options().Offline {
 			entries, err := t.c.List(ctx, t.single)
 			if err != nil {
 				return nil, err
@@ -182,8 +182,9 @@ func (t *remoteTree) list() (*listing, error) {
 				}
 			}
 		} else {
-			// A web server has no listing: open the object, which
-			// learns its size and ETag; the object stays held.
+			// A web server has no listing (and offline, nothing
+			// is listed): open the object, which learns its size
+			// and ETag; the object stays held.
 			o, err := t.c.Open(ctx, t.single)
 			if err != nil {
 				return nil, err

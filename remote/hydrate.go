@@ -123,6 +123,9 @@ func (o *Object) Hydrate(spans []Span) (*Hydration, error) {
 	if o.c.disk == nil {
 		return nil, errors.New("remote: hydration needs a disk cache (CacheDir)")
 	}
+	if o.c.opts.Offline {
+		return nil, fmt.Errorf("remote: hydration fetches: %w", ErrOffline)
+	}
 	chunks := o.neededChunks(spans)
 	h := &Hydration{o: o, started: time.Now(), end: make(chan struct{}), state: "running"}
 	for _, k := range chunks {

@@ -45,6 +45,7 @@ type mountCmd struct {
 	Overlay           string        `placeholder:"DIR" help:"With --writable: never change the images; the first write to an image makes its overlay DIR/REL (a qcow2 whose backing file is the original, by path or URL; REL is the image's path below the source), and writes go there; a later mount with the same DIR picks them up. DIR must lie outside the source and the mount point. --overlay=temp: throwaway overlays in a folder of the daemon's own, removed at unmount (a folder named temp: ./temp). Required for --writable with a URL. See Overlays in the README."`
 	Hydrate           hydrateFlag   `placeholder:"RATE" help:"Remote images, with --cache-dir: once a reader opens an image, fetch everything a read of the whole disk needs (its tables and data clusters, never holes) into the disk cache in the background, readers first; --hydrate=RATE caps it at RATE bytes a second (50M). See Hydration in the README."`
 	AcceptChangedBase bool          `help:"Serve an overlay of a remote image even if its base is no longer the version the overlay was made on (the mount refuses such overlays, naming both versions): its writes then land on another base."`
+	Offline           bool          `help:"The URL of one image, with --cache-dir: send no request; serve the version of the image (and of its remote backing files) that the last mount with the server up opened, from the disk cache alone, as while the server is down. A read of what the cache does not hold fails with EIO, logged once per file; hydrate the image first (--hydrate) to have all of it. See Offline in the README."`
 	FSName            string        `name:"fsname" placeholder:"NAME" help:"What mount, df and findmnt show as the source (default: the source path)."`
 	RemoteRefresh     time.Duration `default:"30s" placeholder:"DURATION" help:"Remote sources: list again when the listing is this old, at the next lookup or listing; objects added or replaced show up then (default: ${default})."`
 	remoteFlags       `embed:""`
@@ -271,6 +272,18 @@ func (c *mountCmd) preflight() error {
 		default:
 			return fmt.Errorf("source %s: not a folder or a regular file", c.Source)
 		}
+	}
+	// (After the source's checks: a missing source says so first.)
+	if c.Offline {
+		switch {
+		case !remote.IsURL(c.Source) || c.CacheDir == "":
+			return usageErrorf("--offline needs a remote source and --cache-dir: it serves a remote image from the disk cache")
+		case remotefile.IsPrefix(c.Source):
+			return usageErrorf("--offline serves the URL of one image, not a prefix: the disk cache keeps no listing")
+		case c.Hydrate.On:
+			return usageErrorf("--offline and --hydrate cannot both be given: hydration fetches, offline nothing is fetched")
+		}
+		c.offline = true
 	}
 	mst, err := os.Stat(c.Mountpoint)
 	if errors.Is(err, syscall.ENOTCONN) {

@@ -31,6 +31,7 @@ type remoteFlags struct {
 	CAFile            string        `name:"ca-file" placeholder:"PATH" help:"Remote images: trust the CA certificates in this PEM file for https (an https S3 endpoint too), besides the system CAs."`
 
 	hydrateRate int64 // mount's --hydrate=RATE (remote.Options.HydrateRate)
+	offline     bool  // mount's --offline (remote.Options.Offline)
 }
 
 // absPaths makes the path flags absolute.
@@ -67,6 +68,7 @@ func (r *remoteFlags) options(log *slog.Logger) remote.Options {
 		S3VirtualHost: r.S3VirtualHost,
 		S3Region:      r.S3Region,
 		HydrateRate:   r.hydrateRate,
+		Offline:       r.offline,
 		Log:           log,
 	}
 }
@@ -151,7 +153,9 @@ func (o *urlBackingOpener) Open(image qcow2.HostFile, field, name string) (qcow2
 		return nil, err
 	}
 	o.remote = &remotefile.Opener{
-		OpenURL: func(ctx context.Context, u string) (*remotefile.File, error) { return remotefile.Open(ctx, o.client, u) },
+		OpenURL: func(ctx context.Context, u string) (*remotefile.File, error) {
+			return remotefile.Open(ctx, o.client, u)
+		},
 		Allowed: append([]string{remotefile.Folder(name)}, o.allowed...),
 	}
 	return f, nil

@@ -45,8 +45,12 @@ type mountStatus struct {
 	// CacheMode is how a writable mount's buffered writes reach the
 	// images: "writeback" (the kernel's writeback cache) or
 	// "writethrough" (--no-writeback-cache).
-	CacheMode string    `json:"cache-mode,omitempty"`
-	Refused   []refusal `json:"refused"`
+	CacheMode string `json:"cache-mode,omitempty"`
+	// Offline: a remote image served from the disk cache in CacheDir
+	// alone (--offline).
+	Offline  bool      `json:"offline,omitempty"`
+	CacheDir string    `json:"cache-dir,omitempty"`
+	Refused  []refusal `json:"refused"`
 	// ReadOnly are the images a writable mount shows read-only, and
 	// why.
 	ReadOnly []readOnlyImage `json:"read-only"`
@@ -75,6 +79,8 @@ type mountFacts struct {
 	Writable           bool
 	Overlay, CacheMode string
 	TempOverlay        bool
+	Offline            bool
+	CacheDir           string
 	Hint               func(error) string // the flag that shows a refused image
 }
 
@@ -83,6 +89,7 @@ type mountFacts struct {
 func (f mountFacts) status(refused refusalLister, readOnly readOnlyLister, stats func() any) mountStatus {
 	s := mountStatus{Source: f.Source, Mountpoint: f.Mountpoint, PID: f.PID, Started: f.Started, Log: f.Log,
 		Writable: f.Writable, Overlay: f.Overlay, TempOverlay: f.TempOverlay, CacheMode: f.CacheMode, Refused: []refusal{},
+		Offline: f.Offline, CacheDir: f.CacheDir,
 		ReadOnly: []readOnlyImage{}}
 	if refused != nil {
 		m := refused.Refused()
@@ -204,15 +211,18 @@ func mib(n int64) string {
 
 // mode says whether the mount writes, and how.
 func (s *mountStatus) mode() string {
-	if !s.Writable {
-		return "read-only"
-	}
-	m := "writable, " + s.CacheMode + " cache"
-	if s.Overlay != "" {
-		m += ", overlays in " + s.Overlay
-		if s.TempOverlay {
-			m += " (throwaway: removed at unmount)"
+	m := "read-only"
+	if s.Writable {
+		m = "writable, " + s.CacheMode + " cache"
+		if s.Overlay != "" {
+			m += ", overlays in " + s.Overlay
+			if s.TempOverlay {
+				m += " (throwaway: removed at unmount)"
+			}
 		}
+	}
+	if s.Offline {
+		m += "; offline: served from the disk cache " + s.CacheDir + " alone, what it lacks fails (EIO)"
 	}
 	return m
 }

@@ -68,7 +68,9 @@ type Status struct {
 	// (--overlay=temp), removed at unmount.
 	TempOverlay bool   `json:"temp-overlay"`
 	CacheMode   string `json:"cache-mode"`
-	Refused     []struct{ Image, Reason, Hint string }
+	// Offline: a remote image served from the disk cache alone.
+	Offline bool `json:"offline"`
+	Refused []struct{ Image, Reason, Hint string }
 	// ReadOnly are the images a writable mount shows read-only.
 	ReadOnly []struct{ Image, Reason string } `json:"read-only"`
 	Images   struct {
