@@ -109,8 +109,19 @@ func (c *Client) loadPin(u *url.URL) (meta, error) {
 	return meta{size: p.Size, etag: p.ETag, lastModified: p.LastModified, versionID: p.VersionID}, nil
 }
 
-// offlineBackend answers every request of an offline Client: the chunk
-// is not in the disk cache (which the reads looked in first).
+// offlineMiss is the failure of an offline fetch of len(bufs) bytes at
+// off: what the reads did not find in the disk cache (they look there
+// first). Object.fetch returns it without sending or counting a request.
+func offlineMiss(off int64, bufs [][]byte) error {
+	var n int64
+	for _, b := range bufs {
+		n += int64(len(b))
+	}
+	return fmt.Errorf("%w: bytes %d to %d are not in the disk cache", ErrOffline, off, off+n-1)
+}
+
+// offlineBackend is the backend of an offline Client's Objects, which
+// never ask it (Object.fetch).
 type offlineBackend struct{}
 
 func (offlineBackend) get(ctx context.Context, off, n int64, pin *meta) (io.ReadCloser, meta, error) {
