@@ -244,7 +244,7 @@ func (m *mount) openImage(d diskID, rel string) (*qcow2.Image, error) {
 	var why string
 	if writable {
 		if over := m.backingOf(d.key); over != "" {
-			writable, why = false, "it is the backing file of "+over+", which would change with it"
+			writable, why = false, backingReason(over)
 		}
 	}
 	var f qcow2.HostFile
@@ -252,7 +252,7 @@ func (m *mount) openImage(d diskID, rel string) (*qcow2.Image, error) {
 	var err error
 	if writable {
 		if f, st, err = m.src.openImage(rel, true); err != nil {
-			writable, why = false, "the daemon cannot open it for writing: "+err.Error()
+			writable, why = false, "the daemon cannot open it for writing: "+err.Error()+" (give the daemon's user write permission on it)"
 		}
 	}
 	if !writable {
@@ -271,11 +271,15 @@ func (m *mount) openImage(d diskID, rel string) (*qcow2.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	if m.cfg.Writable && m.cfg.Overlay == "" && d.snap == 0 && !img.Writable() {
-		if why == "" {
-			why = img.ReadOnlyReason()
+	if m.cfg.Writable && m.cfg.Overlay == "" && d.snap == 0 {
+		if img.Writable() {
+			m.noteWritable(m.src.abs(rel))
+		} else {
+			if why == "" {
+				why = img.ReadOnlyReason()
+			}
+			m.noteReadOnly(m.src.abs(rel), why)
 		}
-		m.noteReadOnly(m.src.abs(rel), why)
 	}
 	return img, nil
 }

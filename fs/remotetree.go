@@ -171,7 +171,7 @@ func (t *remoteTree) list() (*listing, error) {
 		if i := strings.IndexAny(name, "?#"); i >= 0 {
 			name = name[:i]
 		}
-		if strings.HasPrefix(t.single, "s3://") {
+		if strings.HasPrefix(t.single, "s3://") && !t.c.Options().Offline {
 			entries, err := t.c.List(ctx, t.single)
 			if err != nil {
 				return nil, err
@@ -182,8 +182,9 @@ func (t *remoteTree) list() (*listing, error) {
 				}
 			}
 		} else {
-			// A web server has no listing: open the object, which
-			// learns its size and ETag; the object stays held.
+			// A web server has no listing (and offline, nothing
+			// is listed): open the object, which learns its size
+			// and ETag; the object stays held.
 			o, err := t.c.Open(ctx, t.single)
 			if err != nil {
 				return nil, err
@@ -502,38 +503,44 @@ func (t *remoteTree) resolveLink(rel string) (string, error) {
 	return "", fmt.Errorf("%s: remote sources have no symlinks", t.abs(rel))
 }
 
-// isQcow2 reads the object's first bytes, once per version.
-func (t *remoteTree) isQcow2(rel string) bool {
+// probe reads the object's first bytes (probeHead), once per version.
+// An object that begins with qcow2's magic but is no qcow2 image to qemu
+// is logged then: only images are shown.
+func (t *remoteTree) probe(rel string) (isQcow2, magic bool) {
 	l := t.current()
 	o, ok := l.objects[rel]
 	if !ok {
-		return false
+		return false, false
 	}
 	k := probeKey{o.url, o.etag, o.size}
 	t.mu.Lock()
 	is, known := t.probed[k]
 	t.mu.Unlock()
 	if known {
-		return is
+		return is, false // (logged when probed)
 	}
 	f, err := t.openURL(context.Background(), o.url)
 	if err != nil {
 		t.log.Warn("object not shown: it cannot be read", "url", remote.Redact(o.url), "err", err)
-		return false
+		return false, false
 	}
 	defer f.Close()
-	is, _ = qcow2.ProbeFile(f)
+	is, magic = probeHead(f)
+	if !is && magic {
+		t.log.Warn("object not shown: it begins with the qcow2 magic, but qemu reads it as a raw file (a version of 0: cut short, or damaged)",
+			"url", remote.Redact(o.url), "size", o.size)
+	}
 	t.mu.Lock()
 	if len(t.probed) >= maxIdentities {
 		clear(t.probed)
 	}
 	t.probed[k] = is
 	t.mu.Unlock()
-	return is
+	return is, false
 }
 
 // counts says how many objects the current listing has, and how many of
-// them were probed (isQcow2) and found to be qcow2 images.
+// them were probed (probe) and found to be qcow2 images.
 func (t *remoteTree) counts() (objects, images int) {
 	l := t.current()
 	t.mu.Lock()

@@ -114,6 +114,7 @@ type mount struct {
 	refused  map[string]error   // images not shown, by path (status.go)
 	readOnly map[string]string  // images of a writable mount shown read-only, and why
 	backing  map[fileKey]string // backing files of shown images, and which image reads them
+	images   map[fileKey]string // the images validated, by file, and their paths
 
 	// resized holds the virtual size of disks this mount grew, by disk
 	// (diskID, whole disk): what the listing (made before) and the
@@ -181,7 +182,7 @@ func NewRoot(cfg Config) (*Root, error) {
 			return nil, err
 		}
 	}
-	m := &mount{cfg: cfg, log: cfg.Log, src: src, ids: newIdentities(), usage: newUsageTable(), refused: map[string]error{}, readOnly: map[string]string{}, backing: map[fileKey]string{}, fds: newFDBudget()}
+	m := &mount{cfg: cfg, log: cfg.Log, src: src, ids: newIdentities(), usage: newUsageTable(), refused: map[string]error{}, readOnly: map[string]string{}, backing: map[fileKey]string{}, images: map[fileKey]string{}, fds: newFDBudget()}
 	m.log.Debug("file descriptors", "limit", m.fds.nofile, "for open images", m.fds.limit, "per folder", m.fds.perFolder)
 	m.reg.images = map[diskID]*openImage{}
 	m.reg.closing = map[fileKey]int{}

@@ -325,11 +325,17 @@ func (d *dirNode) classify(dir folder, name string, old *entry) *entry {
 		e.kind = kindDir
 	case syscall.S_IFREG:
 		e.kind = kindPlain
-		if m.src.isQcow2(e.rel) {
+		isQcow2, magic := m.src.probe(e.rel)
+		switch {
+		case isQcow2:
 			e.kind = kindImage
 			m.validate(e, old, since)
-		} else if !m.src.showsPlain() {
+		case !m.src.showsPlain():
 			e.hidden = true
+		case magic:
+			// Logged once per version of the file, as a refusal.
+			m.log.Warn("shown as a plain file: it begins with the qcow2 magic, but qemu reads it as a raw file (a version of 0: cut short, or damaged)",
+				"path", m.src.abs(e.rel), "size", e.st.Size)
 		}
 	default:
 		// Devices, fifos and sockets are not shown: reading a fifo
@@ -397,6 +403,7 @@ func (m *mount) validate(e *entry, old *entry, since uint64) {
 	}
 	defer m.release(oi)
 	m.noteRefusal(m.src.abs(e.rel), nil)
+	m.noteImage(e.key, m.src.abs(e.rel))
 	if old != nil && old.locked {
 		m.log.Info("image shown again: no other process writes it now", "image", m.src.abs(e.rel))
 	}

@@ -1,8 +1,10 @@
 package fs
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -141,16 +143,25 @@ func (d localFolder) names() ([]string, error) { return d.Readdirnames(-1) }
 
 func (d localFolder) lstat(name string) (syscall.Stat_t, error) { return lstatIn(d.File, name) }
 
-// isQcow2 reports whether qemu takes the regular file rel for a qcow2
-// image (qcow2.Probe).
-func (s *source) isQcow2(rel string) bool {
+// probe reads the regular file rel's first bytes (probeHead).
+func (s *source) probe(rel string) (isQcow2, magic bool) {
 	f, err := s.open(rel)
 	if err != nil {
-		return false
+		return false, false
 	}
 	defer f.Close()
-	ok, _ := qcow2.ProbeFile(f)
-	return ok
+	return probeHead(f)
+}
+
+// probeHead reads a file's first bytes: whether qemu takes it for a qcow2
+// image (qcow2.Probe), and whether it begins with qcow2's magic.
+func probeHead(f io.ReaderAt) (isQcow2, magic bool) {
+	var b [qcow2.ProbeSize]byte
+	n, err := f.ReadAt(b[:], 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return false, false
+	}
+	return qcow2.Probe(b[:n]), n >= 4 && binary.BigEndian.Uint32(b[:4]) == qcow2.Magic
 }
 
 // openImage opens the image file rel, read-write if write.

@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"maps"
 	"sort"
 	"time"
 
@@ -41,15 +42,57 @@ func (m *mount) noteReadOnly(path, why string) {
 	}
 }
 
-// noteBacking records that the files of img's backing chain are read by
-// the image at path: they are shown read-only.
-func (m *mount) noteBacking(path string, files []fileKey) {
+// noteWritable records that the image at path is writable (again).
+func (m *mount) noteWritable(path string) {
 	m.refMu.Lock()
 	defer m.refMu.Unlock()
+	delete(m.readOnly, path)
+}
+
+// ReadOnly returns the images of a writable mount that are shown
+// read-only, by path, with why and what would make them writable.
+func (r *Root) ReadOnly() map[string]string {
+	m := r.m
+	m.refMu.Lock()
+	defer m.refMu.Unlock()
+	return maps.Clone(m.readOnly)
+}
+
+// backingReason is why the image that is the backing file of the image
+// over is read-only.
+func backingReason(over string) string {
+	return "it is the backing file of " + over + ", which would change with it (write " + over + " instead, or mount with --overlay)"
+}
+
+// noteBacking records that the files of img's backing chain are read by
+// the image at path: in a writable mount they are shown read-only, as
+// noteImage says of those validated already.
+func (m *mount) noteBacking(path string, files []fileKey) {
+	var bases []string
+	m.refMu.Lock()
 	for _, k := range files {
 		if len(m.backing) < maxIdentities {
 			m.backing[k] = path
 		}
+		if p := m.images[k]; p != "" {
+			bases = append(bases, p)
+		}
+	}
+	m.refMu.Unlock()
+	if m.cfg.Writable && m.cfg.Overlay == "" {
+		for _, p := range bases {
+			m.noteReadOnly(p, backingReason(path))
+		}
+	}
+}
+
+// noteImage records the path of the image file k, which validated: the
+// image of a backing chain noted later is named by it (noteBacking).
+func (m *mount) noteImage(k fileKey, path string) {
+	m.refMu.Lock()
+	defer m.refMu.Unlock()
+	if len(m.images) < maxIdentities {
+		m.images[k] = path
 	}
 }
 

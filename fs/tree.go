@@ -26,8 +26,11 @@ type tree interface {
 	// resolveLink returns where the symlink rel points, relative to the
 	// root, or an error if that is outside the tree.
 	resolveLink(rel string) (string, error)
-	// isQcow2 reports whether the regular file rel is a qcow2 image.
-	isQcow2(rel string) bool
+	// probe reports whether the regular file rel is a qcow2 image, as
+	// qemu's probe decides, and whether it begins with qcow2's magic
+	// (probeHead): a file with the magic that is no qcow2 image to
+	// qemu is one cut short, or damaged, and is logged.
+	probe(rel string) (isQcow2, magic bool)
 	// openImage opens the image file rel, for writing if write, and
 	// returns it with its stat now.
 	openImage(rel string, write bool) (qcow2.HostFile, syscall.Stat_t, error)

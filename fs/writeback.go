@@ -41,7 +41,7 @@ import (
 // Mount mounts root at dir, as go-fuse's fs.Mount does, with the node
 // file system wrapped in cachedWrites, and returns the serving server.
 func Mount(dir string, root *Root, opts *gofs.Options) (*fuse.Server, error) {
-	server, err := fuse.NewServer(cachedWrites{gofs.NewNodeFS(root, opts)}, dir, &opts.MountOptions)
+	server, err := fuse.NewServer(newSelfGuard(cachedWrites{gofs.NewNodeFS(root, opts)}, root.m.log), dir, &opts.MountOptions)
 	if err != nil {
 		return nil, err
 	}

@@ -139,15 +139,12 @@ func resolveLocal(image, field, name string) (string, error) {
 	if strings.HasPrefix(name, "json:") {
 		return "", &RefusedError{File: image, Field: field, Name: name, Reason: "json: pseudo-protocol names are not followed"}
 	}
-	// Like qemu's path_has_protocol: a colon before the first slash
-	// names a protocol. "file:" is the plain file protocol.
-	if i := strings.IndexByte(name, ':'); i >= 0 {
-		if j := strings.IndexByte(name, '/'); j < 0 || i < j {
-			if name[:i] != "file" {
-				return "", &RefusedError{File: image, Field: field, Name: name, Reason: fmt.Sprintf("protocol %q is not followed; only local files are", name[:i])}
-			}
-			name = name[i+1:]
+	// "file:" is the plain file protocol.
+	if p, ok := protocol(name); ok {
+		if p != "file" {
+			return "", &RefusedError{File: image, Field: field, Name: name, Reason: fmt.Sprintf("protocol %q is not followed; only local files are", p)}
 		}
+		name = name[len(p)+1:]
 	}
 	if name == "" {
 		return "", &RefusedError{File: image, Field: field, Name: name, Reason: "empty name"}
@@ -155,12 +152,26 @@ func resolveLocal(image, field, name string) (string, error) {
 	return FullBackingName(image, name), nil
 }
 
+// protocol returns the protocol a file name names, as qemu's
+// path_has_protocol finds one: a colon before the first slash.
+func protocol(name string) (string, bool) {
+	i := strings.IndexByte(name, ':')
+	if i < 0 {
+		return "", false
+	}
+	if j := strings.IndexByte(name, '/'); j >= 0 && j < i {
+		return "", false
+	}
+	return name[:i], true
+}
+
 // FullBackingName combines an image path and a backing file name the way
-// qemu's path_combine does: an absolute name stands; a relative one is
-// appended to the image's folder as written (not cleaned), so that
+// qemu does (bdrv_get_full_backing_filename_from_filename): an absolute
+// name, or one with a protocol (an http:// URL), stands; a relative one
+// is appended to the image's folder as written (not cleaned), so that
 // "dir/top.qcow2" and "base.qcow2" give "dir/base.qcow2".
 func FullBackingName(image, name string) string {
-	if filepath.IsAbs(name) {
+	if _, ok := protocol(name); ok || filepath.IsAbs(name) {
 		return name
 	}
 	i := strings.LastIndexByte(image, '/')

@@ -83,9 +83,9 @@ func readOnlyReason(l *layer) string {
 	case h.IncompatibleFeatures&IncompatDirty != 0:
 		return "it was not closed cleanly and its refcounts may be stale (repair it with qemu-img check -r all)"
 	case h.CryptMethod == cryptAES:
-		return "it is encrypted with qemu's legacy AES format, which qcowfs only reads (qemu no longer writes it either)"
+		return "it is encrypted with qemu's legacy AES format, which qcowfs only reads, and qemu no longer writes either (qemu-img convert it to a LUKS-encrypted image to write it)"
 	case h.HasBitmaps && h.Bitmaps.NbBitmaps > 0 && h.AutoclearFeatures&AutoclearBitmaps == 0:
-		return "its persistent dirty bitmaps are marked invalid (autoclear bit 0 clear): a program that did not keep them wrote it"
+		return "its persistent dirty bitmaps are marked invalid (autoclear bit 0 clear): a program that did not keep them wrote it (qemu-img check -r all drops them)"
 	case h.RefcountTableClusters == 0:
 		return "it has no refcount table"
 	}
@@ -99,7 +99,7 @@ func readOnlyReason(l *layer) string {
 		}
 		for _, e := range dir {
 			if e.flags&bitmapInUse != 0 {
-				return fmt.Sprintf("its persistent bitmap %q is in use: a program writing it did not close it cleanly, so it may be inconsistent", e.name)
+				return fmt.Sprintf("its persistent bitmap %q is in use: a program writing it did not close it cleanly, so it may be inconsistent (remove it with qemu-img bitmap --remove, after a full backup)", e.name)
 			}
 		}
 	}

@@ -100,6 +100,17 @@ func (c *Client) Open(ctx context.Context, rawURL string) (*Object, error) {
 	fail := func(err error) (*Object, error) {
 		return nil, &Error{Op: "open", URL: shown, Off: -1, Err: err}
 	}
+	if c.opts.Offline {
+		m, err := c.loadPin(u)
+		if err != nil {
+			return fail(err)
+		}
+		o, err := c.newObject(u, shown, offlineBackend{}, m)
+		if err != nil {
+			return fail(err)
+		}
+		return o, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
 	defer cancel()
 	be, err := c.backend(ctx, u)
@@ -126,34 +137,19 @@ func (c *Client) Open(ctx context.Context, rawURL string) (*Object, error) {
 	if m.etag == "" && m.lastModified == "" && m.versionID == "" {
 		c.opts.Log.Warn("remote: the server gives no ETag or Last-Modified: a replaced object is only noticed if its size changes", "url", shown)
 	}
-	o := &Object{c: c, be: be, url: shown, meta: m}
-	o.nchunks = (m.size + c.opts.ChunkSize - 1) / c.opts.ChunkSize
-	o.ctx, o.cancel = context.WithCancel(c.ctx)
-	ident := identity(u, m)
-	if c.disk != nil {
-		o.diskKey = objectDir(ident, m.version(), m.size, c.opts.ChunkSize)
+	o, err := c.newObject(u, shown, be, m)
+	if err != nil {
+		return fail(err)
 	}
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		o.cancel()
-		return fail(ErrClosed)
-	}
-	r := c.ids[ident]
-	if r == nil {
-		c.nextID++
-		r = &idRef{id: c.nextID}
-		c.ids[ident] = r
-	}
-	r.refs++
-	o.id, o.ident = r.id, ident
-	c.objects[o] = struct{}{}
-	c.mu.Unlock()
 
 	// Keep the first chunk: it holds the image's header (on disk too,
-	// where a hydration finds it).
-	if c.disk != nil && n > 0 && n == int64(o.chunkLen(0)) {
-		c.disk.put(o.diskKey, 0, buf[:n])
+	// where a hydration finds it), and the version, which an offline
+	// Client will find by the URL.
+	if c.disk != nil {
+		c.savePin(u, m)
+		if n > 0 && n == int64(o.chunkLen(0)) {
+			c.disk.put(o.diskKey, 0, buf[:n]) // (a failure is logged, once)
+		}
 	}
 	if n > 0 {
 		if s, res := c.cache.get(chunkKey{o.id, 0}); res == reserved {
@@ -164,6 +160,35 @@ func (c *Client) Open(ctx context.Context, rawURL string) (*Object, error) {
 			s.unpin()
 		}
 	}
+	return o, nil
+}
+
+// newObject makes the Object of version m of u (shown: redacted), read
+// through be, sharing the cached chunks of any other Object of the same
+// version.
+func (c *Client) newObject(u *url.URL, shown string, be backend, m meta) (*Object, error) {
+	o := &Object{c: c, be: be, url: shown, meta: m}
+	o.nchunks = (m.size + c.opts.ChunkSize - 1) / c.opts.ChunkSize
+	o.ctx, o.cancel = context.WithCancel(c.ctx)
+	ident := identity(u, m)
+	if c.disk != nil {
+		o.diskKey = objectDir(ident, m.version(), m.size, c.opts.ChunkSize)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		o.cancel()
+		return nil, ErrClosed
+	}
+	r := c.ids[ident]
+	if r == nil {
+		c.nextID++
+		r = &idRef{id: c.nextID}
+		c.ids[ident] = r
+	}
+	r.refs++
+	o.id, o.ident = r.id, ident
+	c.objects[o] = struct{}{}
 	return o, nil
 }
 
@@ -230,6 +255,7 @@ func (c *Client) Stats() ClientStats {
 	if hs := c.Hydrations(); len(hs) > 0 {
 		s.Hydration = hs
 	}
+	s.Offline = c.opts.Offline
 	return s
 }
 

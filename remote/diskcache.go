@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io/fs"
@@ -15,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -43,6 +45,10 @@ type diskCache struct {
 	lru   *list.List               // of *diskEntry, most recent first
 	files map[string]*list.Element // by path relative to root
 	used  int64
+	// failing counts the writes that failed since the last one that
+	// did not: a full disk fails every write, and is logged once
+	// (put).
+	failing int
 }
 
 type diskEntry struct {
@@ -160,20 +166,37 @@ func (d *diskCache) bad(rel, format string, args ...any) {
 	d.remove(rel)
 }
 
-// put stores data as chunk idx of obj. Failures (a full disk) are logged
-// and otherwise ignored: the cache is only a cache.
-func (d *diskCache) put(obj string, idx int64, data []byte) {
+// put stores data as chunk idx of obj, and returns why it could not. A
+// reader's fetch ignores the failure (the cache is only a cache); a
+// hydration stops at it. Failures are logged once, until a write
+// succeeds again: a full disk fails every write after the first.
+func (d *diskCache) put(obj string, idx int64, data []byte) error {
 	rel := chunkRel(obj, idx)
 	path := filepath.Join(d.root, rel)
 	size := int64(len(data)) + diskTrailer
 	if size > d.limit {
-		return
+		return fmt.Errorf("a chunk of %d bytes is larger than the disk cache (%d)", size, d.limit)
 	}
 	if err := d.write(path, data); err != nil {
-		d.log.Warn("remote: cannot write disk cache", "file", path, "err", err)
-		return
+		if errors.Is(err, syscall.ENOSPC) {
+			err = fmt.Errorf("disk cache %s: its file system is full: %w", filepath.Dir(d.root), syscall.ENOSPC)
+		} else {
+			err = fmt.Errorf("disk cache %s: %w", filepath.Dir(d.root), err)
+		}
+		d.mu.Lock()
+		d.failing++
+		first := d.failing == 1
+		d.mu.Unlock()
+		if first {
+			d.log.Warn("remote: cannot write the disk cache; chunks are not kept on disk until it can (logged once)", "file", path, "err", err)
+		}
+		return err
 	}
 	d.mu.Lock()
+	if d.failing > 0 {
+		d.log.Info("remote: the disk cache is written again", "failed writes", d.failing)
+		d.failing = 0
+	}
 	if e := d.files[rel]; e != nil {
 		d.used -= e.Value.(*diskEntry).size
 		d.lru.Remove(e)
@@ -182,6 +205,7 @@ func (d *diskCache) put(obj string, idx int64, data []byte) {
 	d.used += size
 	d.trim()
 	d.mu.Unlock()
+	return nil
 }
 
 func (d *diskCache) write(path string, data []byte) error {

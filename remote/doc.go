@@ -94,7 +94,17 @@
 // MaxRequest, on the prefetches' share of the connections, under
 // Options.HydrateRate, bounded by CacheDirSize (hydrate.go). Chunks in
 // the disk cache already (a later Client of the same version) are not
-// fetched again. Client.Stats lists each hydration's progress.
+// fetched again. A chunk the disk cache cannot store (a full file
+// system) fails the hydration; only chunks stored count as done.
+// Client.Stats lists each hydration's progress.
+//
+// # Offline
+//
+// Every Open with a disk cache records the version it pinned for the URL
+// beside the chunks (a pin). An offline Client (Options.Offline) sends no
+// request: Open takes the URL's pin, reads find the version's chunks in
+// the disk cache, and what it does not hold fails with ErrOffline, logged
+// once per Object (offline.go).
 //
 // # Counters
 //

@@ -87,6 +87,9 @@ func stalled(ctx context.Context, d time.Duration, err error) error {
 // has a connection (acquire). It returns how many bytes arrived, in
 // order, even when it fails.
 func (o *Object) fetch(ctx context.Context, off int64, bufs [][]byte, prefetch bool) (int64, error) {
+	if o.c.opts.Offline {
+		return 0, offlineMiss(off, bufs)
+	}
 	var done int64
 	scratch := make([][]byte, len(bufs))
 	err := o.c.retry(ctx, &o.st, prefetch, func(ctx context.Context) error {

@@ -123,6 +123,9 @@ func (o *Object) Hydrate(spans []Span) (*Hydration, error) {
 	if o.c.disk == nil {
 		return nil, errors.New("remote: hydration needs a disk cache (CacheDir)")
 	}
+	if o.c.opts.Offline {
+		return nil, fmt.Errorf("remote: hydration fetches: %w", ErrOffline)
+	}
 	chunks := o.neededChunks(spans)
 	h := &Hydration{o: o, started: time.Now(), end: make(chan struct{}), state: "running"}
 	for _, k := range chunks {
@@ -352,11 +355,23 @@ func (o *Object) hydrateFetch(h *Hydration, run []hydrateChunk) error {
 	}
 	h.fetched.Add(n)
 	for i, k := range run {
-		c.disk.put(o.diskKey, k.idx, bufs[i])
+		// Only what the disk cache holds is done: a chunk it could
+		// not store (its file system full) fails the hydration, whose
+		// point was to have it on disk.
+		if err := c.disk.put(o.diskKey, k.idx, bufs[i]); err != nil {
+			return errStore{err}
+		}
 		h.done.Add(k.needed)
 	}
 	return nil
 }
+
+// errStore is a chunk hydration fetched that the disk cache could not
+// store.
+type errStore struct{ err error }
+
+func (e errStore) Error() string { return "cannot store chunks: " + e.err.Error() }
+func (e errStore) Unwrap() error { return e.err }
 
 // hydrateAttempts bounds the attempts at one run: a server that fails
 // this often fails the hydration (the readers go on as before).

@@ -35,11 +35,12 @@ type Object struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu        sync.Mutex            // orders wg.Add against Close's wg.Wait
-	closed    atomic.Bool           // set under mu
-	changed   atomic.Pointer[error] // the first ErrChanged seen
-	lastFail  atomic.Pointer[error] // the last failed attempt of a fetch, for timeout errors
-	closeOnce sync.Once
+	mu           sync.Mutex            // orders wg.Add against Close's wg.Wait
+	closed       atomic.Bool           // set under mu
+	changed      atomic.Pointer[error] // the first ErrChanged seen
+	offlineNoted atomic.Bool           // a read refused offline was logged
+	lastFail     atomic.Pointer[error] // the last failed attempt of a fetch, for timeout errors
+	closeOnce    sync.Once
 
 	health health // whether the server answers (health.go)
 }
@@ -121,6 +122,8 @@ func (o *Object) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 		switch {
 		case errors.Is(err, ErrChanged):
 			o.setChanged(err)
+		case errors.Is(err, ErrOffline):
+			o.noteOffline(off, err)
 		case errors.Is(err, ErrTimeout) && ctx.Err() == nil:
 			o.markDown(err)
 		}
@@ -418,7 +421,7 @@ func (o *Object) fetchRun(run []*slot, prefetch bool) {
 		if at <= got {
 			o.c.cache.finish(s, len(bufs[i]), nil)
 			if o.c.disk != nil {
-				o.c.disk.put(o.diskKey, first+int64(i), bufs[i])
+				o.c.disk.put(o.diskKey, first+int64(i), bufs[i]) // (a failure is logged, once)
 			}
 		} else {
 			o.c.cache.finish(s, 0, err)
@@ -431,7 +434,7 @@ func (o *Object) fetchRun(run []*slot, prefetch bool) {
 // their way, or released lately (cache.past), in runs of adjacent chunks.
 // It stops at the first chunk that gets no slot: the cache is busy enough.
 func (o *Object) prefetch(from, to int64) {
-	if o.downErr() != nil {
+	if o.downErr() != nil || o.c.opts.Offline {
 		return
 	}
 	maxRun := int(o.c.opts.MaxRequest / o.c.opts.ChunkSize)

@@ -71,6 +71,10 @@ type Options struct {
 	// HydrateRate caps the bytes a second that hydrations (hydrate.go)
 	// fetch, all objects together; 0: no cap.
 	HydrateRate int64
+	// Offline sends no request: objects are read from the disk cache
+	// alone, at the version an online Open recorded there (offline.go).
+	// It needs CacheDir.
+	Offline bool
 	// Log receives one line per event worth telling an operator (an object
 	// changed, a retry, a refused server); default: discarded.
 	Log *slog.Logger
@@ -134,6 +138,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("remote: CacheSize %d: want at least two chunks (%d)", o.CacheSize, 2*o.ChunkSize)
 	case o.MaxReadahead < 0 || o.CacheDirSize < 0 || o.HydrateRate < 0 || o.Timeout < 0 || o.StallTimeout < 0 || o.RetryBase < 0 || o.RetryMax < 0:
 		return o, fmt.Errorf("remote: negative size or duration in Options")
+	case o.Offline && o.CacheDir == "":
+		return o, fmt.Errorf("remote: Offline needs a disk cache (CacheDir)")
 	case o.CacheDir != "" && o.CacheDirSize < o.ChunkSize:
 		return o, fmt.Errorf("remote: CacheDirSize %d is less than one chunk (%d)", o.CacheDirSize, o.ChunkSize)
 	}

@@ -264,6 +264,9 @@ func (c *Client) List(ctx context.Context, prefixURL string) ([]Entry, error) {
 	if u.Scheme != "s3" {
 		return fail(fmt.Errorf("%w: only s3:// URLs can be listed", ErrBadURL))
 	}
+	if c.opts.Offline {
+		return fail(fmt.Errorf("%w: a listing needs the server (the disk cache keeps none)", ErrOffline))
+	}
 	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
 	defer cancel()
 	api, err := c.s3Client(ctx)

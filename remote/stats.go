@@ -27,6 +27,9 @@ type ClientStats struct {
 	DiskBytes    int64 `json:"disk-bytes"`    // bytes of the disk cache's files
 	// Hydration is every hydration started (hydrate.go), in order.
 	Hydration []HydrationStatus `json:"hydration,omitempty"`
+	// Offline: nothing is fetched; what the disk cache lacks fails
+	// (Options.Offline).
+	Offline bool `json:"offline,omitempty"`
 }
 
 // counters are the atomic form of Stats.

@@ -21,6 +21,10 @@ type invocation struct {
 	// fromOption maps a flag made from an -o option back to the option
 	// as written, for messages: "--cache-size" -> "cache_size".
 	fromOption map[string]string
+	// rwOption: the user gave the rw option (mount(8) passes it to
+	// every helper unasked: then only if its command line or the fstab
+	// line has it too).
+	rwOption bool
 }
 
 // prepareArgs recognizes the mount helper calling conventions, rewrites
@@ -69,11 +73,14 @@ func prepareArgs(app *kong.Application, args []string) (*invocation, error) {
 		return nil, unknownCommand(first, commands)
 	}
 	if len(inv.args) > 1 && inv.args[1] == "mount" {
-		out, err := rewriteOptions(mountNode(app), inv.args, inv.fromOption)
-		if err != nil {
+		if err := rewriteOptions(mountNode(app), inv); err != nil {
 			return nil, err
 		}
-		inv.args = out
+		if inv.rwOption && inv.helper {
+			if p := fuseHelperParent(); p != nil && !p.rw {
+				inv.rwOption = false
+			}
+		}
 	}
 	return inv, nil
 }

@@ -75,25 +75,31 @@ func TestPrepareArgs(t *testing.T) {
 func TestParseMountArgs(t *testing.T) {
 	dir := t.TempDir()
 	fstab := filepath.Join(dir, "fstab")
-	os.WriteFile(fstab, []byte("# c\n/srv/a /mnt/a\\040b fuse.qcowfs ro,nofail 0 0\n/srv/c /mnt/c fuse.qcowfs ro 0 0\n"), 0o644)
+	os.WriteFile(fstab, []byte("# c\n/srv/a /mnt/a\\040b fuse.qcowfs ro,nofail 0 0\n/srv/c /mnt/c fuse.qcowfs ro 0 0\n/srv/d /mnt/d fuse.qcowfs rw,allow_other 0 0\n"), 0o644)
 	for _, tc := range []struct {
-		args         []string
-		mnt          string
-		fake, nofail bool
+		args             []string
+		mnt              string
+		fake, nofail, rw bool
 	}{
-		{[]string{"-f", "-t", "fuse.qcowfs", "/s", "/m", "-o", "ro"}, "/m", true, false},
-		{[]string{"-vf", "-t", "fuse.qcowfs", "/s", "/m"}, "/m", true, false},
-		{[]string{"--fake", "/s", "/m"}, "/m", true, false},
+		{[]string{"-t", "fuse.qcowfs", "/s", "/m", "-o", "allow_other,rw"}, "/m", false, false, true},
+		{[]string{"-w", "-t", "fuse.qcowfs", "/s", "/m"}, "/m", false, false, true},
+		{[]string{"--read-write", "/s", "/m"}, "/m", false, false, true},
+		{[]string{"-t", "fuse.qcowfs", "/s", "/m", "-o", "writable"}, "/m", false, false, false},
+		{[]string{"-T", fstab, "/mnt/d"}, "/mnt/d", false, false, true},
+		{[]string{"-T", fstab, "/mnt/c"}, "/mnt/c", false, false, false},
+		{[]string{"-f", "-t", "fuse.qcowfs", "/s", "/m", "-o", "ro"}, "/m", true, false, false},
+		{[]string{"-vf", "-t", "fuse.qcowfs", "/s", "/m"}, "/m", true, false, false},
+		{[]string{"--fake", "/s", "/m"}, "/m", true, false, false},
 		// -f as the value of -t or -o is no fake.
-		{[]string{"-t", "-f", "-o", "-f", "/s", "/m"}, "/m", false, false},
-		{[]string{"-ofoo,nofail", "/s", "/m"}, "/m", false, true},
-		{[]string{"-T", fstab, "/mnt/a b"}, "/mnt/a b", false, true},
-		{[]string{"--fstab=" + fstab, "/mnt/c"}, "/mnt/c", false, false},
-		{[]string{"-afT", fstab}, "/mnt/a b", true, true},
+		{[]string{"-t", "-f", "-o", "-f", "/s", "/m"}, "/m", false, false, false},
+		{[]string{"-ofoo,nofail", "/s", "/m"}, "/m", false, true, false},
+		{[]string{"-T", fstab, "/mnt/a b"}, "/mnt/a b", false, true, false},
+		{[]string{"--fstab=" + fstab, "/mnt/c"}, "/mnt/c", false, false, false},
+		{[]string{"-afT", fstab}, "/mnt/a b", true, true, false},
 	} {
 		p := parseMountArgs(1, tc.args, []string{"qcowfs", "/s", tc.mnt})
-		if p.fake != tc.fake || p.nofail != tc.nofail {
-			t.Errorf("mount %q for %s: fake %v nofail %v, want %v %v", tc.args, tc.mnt, p.fake, p.nofail, tc.fake, tc.nofail)
+		if p.fake != tc.fake || p.nofail != tc.nofail || p.rw != tc.rw {
+			t.Errorf("mount %q for %s: fake %v nofail %v rw %v, want %v %v %v", tc.args, tc.mnt, p.fake, p.nofail, p.rw, tc.fake, tc.nofail, tc.rw)
 		}
 	}
 }

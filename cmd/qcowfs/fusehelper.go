@@ -24,6 +24,9 @@ import (
 type mountParent struct {
 	pid          int
 	fake, nofail bool
+	// rw: the user asked for rw (-w, --rw, -o rw, or rw in the fstab
+	// line), rather than mount(8) passing it as it always does.
+	rw bool
 }
 
 // fuseHelperParent returns the mount(8) process qcowfs runs under
@@ -112,6 +115,8 @@ func parseMountArgs(pid int, args, ours []string) *mountParent {
 				val = next()
 			}
 			switch name {
+			case "rw", "read-write":
+				p.rw = true
 			case "fake":
 				p.fake = true
 			case "options":
@@ -135,31 +140,38 @@ func parseMountArgs(pid int, args, ours []string) *mountParent {
 					}
 					break
 				}
-				if c == 'f' {
+				switch c {
+				case 'f':
 					p.fake = true
+				case 'w':
+					p.rw = true
 				}
 			}
 		}
 	}
+	if len(ours) >= 3 {
+		// mount(8) merges the fstab line's options with its own.
+		opts = append(opts, fstabOptions(fstab, ours[2])...)
+	}
 	for _, o := range opts {
 		for _, x := range splitOptions(o) {
-			if x == "nofail" {
+			switch x {
+			case "nofail":
 				p.nofail = true
+			case "rw":
+				p.rw = true
 			}
 		}
-	}
-	if !p.nofail && len(ours) >= 3 {
-		p.nofail = fstabNofail(fstab, ours[2])
 	}
 	return p
 }
 
-// fstabNofail reports whether the fstab line for mount point mnt (as
-// qcowfs was given it) has the nofail option.
-func fstabNofail(fstab, mnt string) bool {
+// fstabOptions returns the options of the fstab line for mount point mnt
+// (as qcowfs was given it), if there is one.
+func fstabOptions(fstab, mnt string) []string {
 	f, err := os.Open(fstab)
 	if err != nil {
-		return false
+		return nil
 	}
 	defer f.Close()
 	// mount(8) hands its helper the mount point canonicalized; the
@@ -181,11 +193,7 @@ func fstabNofail(fstab, mnt string) bool {
 		if len(fields) < 4 || canon(mountinfo.Unescape(fields[1])) != want {
 			continue
 		}
-		for _, o := range splitOptions(fields[3]) {
-			if o == "nofail" {
-				return true
-			}
-		}
+		return []string{fields[3]}
 	}
-	return false
+	return nil
 }

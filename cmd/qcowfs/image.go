@@ -178,6 +178,17 @@ func (f *imageFlags) openImage(opts qcow2.Options) (*openedImage, error) {
 	if opts.Cache == nil {
 		opts.Cache = qcow2.NewCache(qcow2.DefaultCacheSize, 1<<20)
 	}
+	allowed, err := f.allowedURLs()
+	if err != nil {
+		return nil, err
+	}
+	ub := &urlBackingOpener{local: &qcow2.LocalOpener{AllowedDirs: opts.AllowedDirs}, flags: &f.remoteFlags, allowed: allowed}
+	opts.Opener = ub
+	defer func() {
+		if o.img == nil && ub.client != nil {
+			ub.client.Close()
+		}
+	}()
 	if o.img, err = qcow2.Open(f.Image, opts); err != nil {
 		if !opts.NoBacking && !errors.Is(err, qcow2.ErrUnsupported) {
 			// Say which file failed, as qemu-img does: the image
@@ -191,6 +202,7 @@ func (f *imageFlags) openImage(opts qcow2.Options) (*openedImage, error) {
 		}
 		return nil, err
 	}
+	o.client = ub.client
 	if err := o.img.Lock(f.ForceShare); err != nil {
 		o.Close()
 		return nil, withHint(err)

@@ -38,6 +38,10 @@ func (c *infoCmd) Run() error {
 	}
 	flags := c.imageFlags
 	seen := map[string]bool{}
+	// The first remote image of the chain (the image, or the backing
+	// file of a local overlay): the rest of the chain lies in its
+	// folder, as the mount confines a chain.
+	first := ""
 	for {
 		info, next, nextFormat, err := describe(&flags)
 		if err != nil {
@@ -47,9 +51,11 @@ func (c *infoCmd) Run() error {
 		if !c.BackingChain || next == "" {
 			break
 		}
-		if remote.IsURL(c.Image) && !remote.Within(next, append([]string{remotefile.Folder(c.Image)}, c.AllowBackingOutside...)) {
-			// As the mount confines a chain to the image's folder.
-			return fmt.Errorf("%s: backing file %s is outside the image's folder %s (--allow-backing-outside=URL follows it)", remote.Redact(flags.Image), remote.Redact(next), remote.Redact(remotefile.Folder(c.Image)))
+		if remote.IsURL(flags.Image) && first == "" {
+			first = flags.Image
+		}
+		if first != "" && !remote.Within(next, append([]string{remotefile.Folder(first)}, c.AllowBackingOutside...)) {
+			return fmt.Errorf("%s: backing file %s is outside the image's folder %s (--allow-backing-outside=URL follows it)", remote.Redact(flags.Image), remote.Redact(next), remote.Redact(remotefile.Folder(first)))
 		}
 		if seen[next] {
 			return fmt.Errorf("backing file %q creates an infinite loop", next)

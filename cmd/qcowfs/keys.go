@@ -120,7 +120,13 @@ func keyHint(r *keys.Ring, err error) string {
 	if !errors.As(err, &ke) {
 		return ""
 	}
-	return r.Source(ke.File)
+	h := r.Source(ke.File)
+	if !ke.Missing {
+		if n := r.NewlineHint(ke.File); n != "" {
+			h += "; " + n
+		}
+	}
+	return h
 }
 
 // passphrases is the qcow2 option for r (nil without keys).

@@ -45,6 +45,7 @@ type mountCmd struct {
 	Overlay           string        `placeholder:"DIR" help:"With --writable: never change the images; the first write to an image makes its overlay DIR/REL (a qcow2 whose backing file is the original, by path or URL; REL is the image's path below the source), and writes go there; a later mount with the same DIR picks them up. DIR must lie outside the source and the mount point. --overlay=temp: throwaway overlays in a folder of the daemon's own, removed at unmount (a folder named temp: ./temp). Required for --writable with a URL. See Overlays in the README."`
 	Hydrate           hydrateFlag   `placeholder:"RATE" help:"Remote images, with --cache-dir: once a reader opens an image, fetch everything a read of the whole disk needs (its tables and data clusters, never holes) into the disk cache in the background, readers first; --hydrate=RATE caps it at RATE bytes a second (50M). See Hydration in the README."`
 	AcceptChangedBase bool          `help:"Serve an overlay of a remote image even if its base is no longer the version the overlay was made on (the mount refuses such overlays, naming both versions): its writes then land on another base."`
+	Offline           bool          `help:"The URL of one image, with --cache-dir: send no request; serve the version of the image (and of its remote backing files) that the last mount with the server up opened, from the disk cache alone, as while the server is down. A read of what the cache does not hold fails with EIO, logged once per file; hydrate the image first (--hydrate) to have all of it. See Offline in the README."`
 	FSName            string        `name:"fsname" placeholder:"NAME" help:"What mount, df and findmnt show as the source (default: the source path)."`
 	RemoteRefresh     time.Duration `default:"30s" placeholder:"DURATION" help:"Remote sources: list again when the listing is this old, at the next lookup or listing; objects added or replaced show up then (default: ${default})."`
 	remoteFlags       `embed:""`
@@ -79,7 +80,9 @@ qcowfs mount returns once the mount is live and prints one line for each
 image it does not show (and why). The daemon serves until the mount is
 unmounted: qcowfs unmount MNT, umount MNT or fusermount3 -u MNT. As a
 mount helper (mount -t fuse.qcowfs, /etc/fstab), every flag is an -o
-option with underscores.`
+option with underscores. The files and folders the mount reads or writes
+for itself (--log-file, --cache-dir, the keys, the overlays, $TMPDIR with
+--overlay=temp) must lie outside the mount point and the source folder.`
 }
 
 // daemonEnv marks the re-executed daemon; fd 3 is then the pipe on which it
@@ -118,6 +121,9 @@ func (c *mountCmd) Run(inv *invocation) error {
 		c.keyCache = qcow2.NewKeyCache()
 		defer c.keyCache.Close()
 	}
+	if ready == nil {
+		warnings = append(warnings, c.modeWarnings(inv)...)
+	}
 	for _, w := range warnings {
 		fmt.Fprintf(os.Stderr, "qcowfs: warning: %s\n", w)
 	}
@@ -144,6 +150,19 @@ func (c *mountCmd) Run(inv *invocation) error {
 	return c.daemonize(inv)
 }
 
+// modeWarnings says when the mount will be read-only although the
+// command line asked for writes: rw alone (qcowfs writes only with
+// writable), or ro beside writable (ro wins).
+func (c *mountCmd) modeWarnings(inv *invocation) []string {
+	switch {
+	case c.RO && c.Writable:
+		return []string{"ro and writable both given: ro wins, the mount is read-only"}
+	case inv.rwOption && !c.Writable:
+		return []string{"option rw: the mount is read-only; qcowfs writes only with -o writable (--writable)"}
+	}
+	return nil
+}
+
 // resolvePaths makes every path flag absolute against the caller's
 // working folder, before anything (the daemon) changes folder.
 func (c *mountCmd) resolvePaths() error {
@@ -162,6 +181,18 @@ func (c *mountCmd) resolvePaths() error {
 	}
 	if err := makeAbs(paths...); err != nil {
 		return err
+	}
+	// The daemon leaves the caller's working folder: a relative TMPDIR
+	// (throwaway overlays) or XDG_RUNTIME_DIR (the control socket) it
+	// inherits must be the caller's too.
+	for _, env := range []string{"TMPDIR", "XDG_RUNTIME_DIR"} {
+		if d := os.Getenv(env); d != "" && !filepath.IsAbs(d) {
+			abs, err := filepath.Abs(d)
+			if err != nil {
+				return err
+			}
+			os.Setenv(env, abs)
+		}
 	}
 	for i, d := range c.AllowBackingOutside {
 		if remote.IsURL(d) {
@@ -219,9 +250,8 @@ func (c *mountCmd) preflight() error {
 		if err := c.keyRoots(); err != nil {
 			return err
 		}
-		if err := c.checkRemote(); err != nil {
-			return fmt.Errorf("source: %w", err)
-		}
+		// (checkRemote comes after the checks of the mount point and
+		// the mount's own folders: it makes the disk cache's.)
 	} else {
 		var err error
 		if st, err = os.Stat(c.Source); err != nil {
@@ -242,6 +272,18 @@ func (c *mountCmd) preflight() error {
 		default:
 			return fmt.Errorf("source %s: not a folder or a regular file", c.Source)
 		}
+	}
+	// (After the source's checks: a missing source says so first.)
+	if c.Offline {
+		switch {
+		case !remote.IsURL(c.Source) || c.CacheDir == "":
+			return usageErrorf("--offline needs a remote source and --cache-dir: it serves a remote image from the disk cache")
+		case remotefile.IsPrefix(c.Source):
+			return usageErrorf("--offline serves the URL of one image, not a prefix: the disk cache keeps no listing")
+		case c.Hydrate.On:
+			return usageErrorf("--offline and --hydrate cannot both be given: hydration fetches, offline nothing is fetched")
+		}
+		c.offline = true
 	}
 	mst, err := os.Stat(c.Mountpoint)
 	if errors.Is(err, syscall.ENOTCONN) {
@@ -283,6 +325,13 @@ func (c *mountCmd) preflight() error {
 			// and hang.
 			return fmt.Errorf("source %s: inside the mount point %s; the mount would hide its own source", c.Source, c.Mountpoint)
 		}
+		srcDir, img := realSrc, ""
+		if !st.IsDir() {
+			srcDir, img = "", realSrc
+		}
+		if err := c.checkOwnPaths(realMnt, srcDir, img); err != nil {
+			return err
+		}
 		if c.Overlay != "" && c.Overlay != tempOverlay {
 			srcDir := realSrc
 			if !st.IsDir() {
@@ -292,9 +341,17 @@ func (c *mountCmd) preflight() error {
 				return err
 			}
 		}
-	} else if c.Overlay != "" && c.Overlay != tempOverlay {
-		if err := checkOverlayDir(c.Overlay, "", realMnt); err != nil {
+	} else {
+		if err := c.checkOwnPaths(realMnt, "", ""); err != nil {
 			return err
+		}
+		if c.Overlay != "" && c.Overlay != tempOverlay {
+			if err := checkOverlayDir(c.Overlay, "", realMnt); err != nil {
+				return err
+			}
+		}
+		if err := c.checkRemote(); err != nil {
+			return fmt.Errorf("source: %w", err)
 		}
 	}
 	// (After the source's checks: a missing source says so first.)
@@ -337,19 +394,7 @@ func (c *mountCmd) preflight() error {
 // the source would put overlays where its images are.
 func checkOverlayDir(dir, src, mnt string) error {
 	// Where the folder will be, after symlinks, before anything is made.
-	real, rest := dir, ""
-	for {
-		r, err := filepath.EvalSymlinks(real)
-		if err == nil {
-			real = filepath.Join(r, rest)
-			break
-		}
-		if !errors.Is(err, os.ErrNotExist) || real == "/" {
-			return fmt.Errorf("overlay folder: %w", err)
-		}
-		rest = filepath.Join(filepath.Base(real), rest)
-		real = filepath.Dir(real)
-	}
+	real := realPath(dir)
 	switch {
 	case src != "" && within(real, src):
 		return fmt.Errorf("overlay folder %s: inside the source folder %s; put it outside the source", dir, src)

@@ -70,10 +70,20 @@ func optionFlags(mount *kong.Node) []optionFlag {
 	return out
 }
 
-// rewriteOptions replaces every -o OPTS of a mount command line with the
-// flags they stand for; fromOption records which flag came from which
-// option, for error messages.
-func rewriteOptions(mount *kong.Node, args []string, fromOption map[string]string) ([]string, error) {
+// rewriteOptions replaces every -o OPTS of the mount command line
+// inv.args with the flags they stand for; inv.fromOption records which
+// flag came from which option, for error messages, and inv.rwOption
+// whether the rw option was among them.
+func rewriteOptions(mount *kong.Node, inv *invocation) error {
+	args, err := rewrittenOptions(mount, inv.args, inv.fromOption, &inv.rwOption)
+	if err != nil {
+		return err
+	}
+	inv.args = args
+	return nil
+}
+
+func rewrittenOptions(mount *kong.Node, args []string, fromOption map[string]string, rw *bool) ([]string, error) {
 	flags := map[string]*kong.Flag{}
 	for _, of := range optionFlags(mount) {
 		flags[of.option] = of.flag
@@ -100,6 +110,9 @@ func rewriteOptions(mount *kong.Node, args []string, fromOption map[string]strin
 			continue
 		}
 		for _, o := range splitOptions(list) {
+			if o == "rw" {
+				*rw = true
+			}
 			f, err := optionToFlag(o, flags)
 			if err != nil {
 				return nil, err

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/qcowfs/qcowfs/fs"
 	"github.com/qcowfs/qcowfs/internal/remotefile"
@@ -24,6 +25,35 @@ import (
 // assertion.
 type refusalLister interface {
 	Refused() map[string]error
+}
+
+// A readOnlyLister knows which images a writable mount shows read-only,
+// and why (with what would make them writable): image path -> reason.
+// Call it after Refused, whose first scan opens every image.
+//
+// The root node implements it.
+type readOnlyLister interface {
+	ReadOnly() map[string]string
+}
+
+// readOnlyLines says, one line per image in path order, which image a
+// writable mount shows read-only, and why: "shown read-only: PATH: why
+// (what to do)".
+func readOnlyLines(l readOnlyLister) []string {
+	if l == nil {
+		return nil
+	}
+	m := l.ReadOnly()
+	paths := make([]string, 0, len(m))
+	for p := range m {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	lines := make([]string, 0, len(paths))
+	for _, p := range paths {
+		lines = append(lines, "shown read-only: "+p+": "+m[p])
+	}
+	return lines
 }
 
 // A statsSource gives the tree's counters for qcowfs status: per image,
@@ -95,6 +125,9 @@ func refusalHint(err error) string {
 		return "--metadata-memory=SIZE gives image metadata more memory"
 	case errors.As(err, new(*fs.BaseChangedError)):
 		return "--accept-changed-base serves it anyway"
+	case errors.Is(err, syscall.EDEADLK):
+		// fs refused the daemon's own request on its mount.
+		return "it lies inside the mount point, which the daemon cannot read from itself"
 	}
 	return ""
 }

@@ -31,6 +31,7 @@ type remoteFlags struct {
 	CAFile            string        `name:"ca-file" placeholder:"PATH" help:"Remote images: trust the CA certificates in this PEM file for https (an https S3 endpoint too), besides the system CAs."`
 
 	hydrateRate int64 // mount's --hydrate=RATE (remote.Options.HydrateRate)
+	offline     bool  // mount's --offline (remote.Options.Offline)
 }
 
 // absPaths makes the path flags absolute.
@@ -67,6 +68,7 @@ func (r *remoteFlags) options(log *slog.Logger) remote.Options {
 		S3VirtualHost: r.S3VirtualHost,
 		S3Region:      r.S3Region,
 		HydrateRate:   r.hydrateRate,
+		Offline:       r.offline,
 		Log:           log,
 	}
 }
@@ -115,6 +117,48 @@ func openRemoteImage(c *remote.Client, url string, opts qcow2.Options, allowed [
 		Allowed: append([]string{remotefile.Folder(url)}, allowed...),
 	}
 	return qcow2.NewImage(f, opts)
+}
+
+// urlBackingOpener opens the backing files of a local image for info, map
+// and check as qemu-img does: local names as qcow2.LocalOpener does, and
+// a URL (the backing file of an overlay qcowfs made over a remote image;
+// qemu-img opens an http(s) one with its curl driver) through the remote
+// client, made at the first such name. The remote file's own chain is
+// then confined as that of a remote image given to info is: its folder,
+// and --allow-backing-outside URL prefixes.
+type urlBackingOpener struct {
+	local   qcow2.Opener
+	flags   *remoteFlags
+	allowed []string
+	client  *remote.Client     // made at the first URL; closed by the caller
+	remote  *remotefile.Opener // for the remote files' own names
+}
+
+func (o *urlBackingOpener) Open(image qcow2.HostFile, field, name string) (qcow2.HostFile, error) {
+	if _, ok := image.(*remotefile.File); ok {
+		return o.remote.Open(image, field, name)
+	}
+	if field != "backing file" || !remote.IsURL(name) {
+		return o.local.Open(image, field, name)
+	}
+	if o.client == nil {
+		c, err := o.flags.client(nil)
+		if err != nil {
+			return nil, err
+		}
+		o.client = c
+	}
+	f, err := remotefile.Open(context.Background(), o.client, name)
+	if err != nil {
+		return nil, err
+	}
+	o.remote = &remotefile.Opener{
+		OpenURL: func(ctx context.Context, u string) (*remotefile.File, error) {
+			return remotefile.Open(ctx, o.client, u)
+		},
+		Allowed: append([]string{remotefile.Folder(name)}, o.allowed...),
+	}
+	return f, nil
 }
 
 // shownSource is the source as messages and mount tables show it: a URL

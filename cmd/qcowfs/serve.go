@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/qcowfs/qcowfs/fs"
+	"github.com/qcowfs/qcowfs/internal/remotefile"
 	"github.com/qcowfs/qcowfs/qcow2"
 	"github.com/qcowfs/qcowfs/remote"
 )
@@ -214,6 +216,14 @@ func (s *session) mount() error {
 			f.Close()
 		})
 	}
+	if c.singleImage() {
+		// The first scan, before mounting: a single image the mount
+		// would not show fails it (preflight's checks of the image
+		// do not open its overlay, which may be refused too).
+		if err := s.singleRefused(); err != nil {
+			return err
+		}
+	}
 	// Before this mount is made, so that it does not find itself.
 	shared := c.sharedWriters()
 	server, err := c.mountFUSE(s.root, opts)
@@ -235,6 +245,29 @@ func (s *session) mount() error {
 	return nil
 }
 
+// singleImage reports whether the source is one image (a file, or the
+// URL of one object), not a folder or a prefix.
+func (c *mountCmd) singleImage() bool {
+	if remote.IsURL(c.Source) {
+		return !remotefile.IsPrefix(c.Source)
+	}
+	st, err := os.Stat(c.Source)
+	return err == nil && st.Mode().IsRegular()
+}
+
+// singleRefused scans a single image's mount and returns why the image
+// is not shown, or nil.
+func (s *session) singleRefused() error {
+	for path, err := range s.root.Refused() {
+		err = hintWith(err, s.cmd.refusalHint(err))
+		if !strings.Contains(err.Error(), path) {
+			return fmt.Errorf("source %s: %w", path, err)
+		}
+		return fmt.Errorf("source: %w", err)
+	}
+	return nil
+}
+
 // serve tells the user which images are not shown, answers on the control
 // socket, tells the waiting parent that the mount is live, and serves
 // until the mount goes: unmounted, or on SIGINT or SIGTERM, which unmount
@@ -251,20 +284,25 @@ func (s *session) serve() {
 	for _, line := range refusalLines(refused, c.refusalHint) {
 		s.say("%s", line)
 	}
+	var readOnly readOnlyLister = s.root
+	for _, line := range readOnlyLines(readOnly) {
+		s.say("%s", line)
+	}
 	if n, none := s.root.NoImages(); none {
 		line := fmt.Sprintf("%s: no qcow2 images among the %s listed (only objects that begin with the qcow2 magic are shown); the mount is empty", shownSource(c.Source), plural(n, "object"))
 		s.log.Warn(line)
 		s.say("%s", line)
 	}
 	facts := mountFacts{Source: shownSource(c.Source), Mountpoint: c.Mountpoint, PID: os.Getpid(), Started: s.started, Log: s.dest.where,
-		Writable: c.Writable, Overlay: s.cfg.Overlay, TempOverlay: s.tempOverlays != "", Hint: c.refusalHint}
+		Writable: c.Writable, Overlay: s.cfg.Overlay, TempOverlay: s.tempOverlays != "", Hint: c.refusalHint,
+		Offline: c.Offline, CacheDir: c.CacheDir}
 	if c.Writable {
 		facts.CacheMode = "writethrough"
 		if s.cfg.WritebackCache {
 			facts.CacheMode = "writeback"
 		}
 	}
-	stopControl, err := startControl(c.Mountpoint, func() any { return facts.status(refused, stats) }, s.log)
+	stopControl, err := startControl(c.Mountpoint, func() any { return facts.status(refused, readOnly, stats) }, s.log)
 	if err != nil {
 		s.log.Warn("no control socket; qcowfs status will not answer", "err", err)
 	}

@@ -48,12 +48,3 @@ func (c *mountCmd) sharedWriters() []string {
 	}
 	return lines
 }
-
-// realPath is path without symlinks, or as it is if it cannot be
-// resolved.
-func realPath(path string) string {
-	if real, err := filepath.EvalSymlinks(path); err == nil {
-		return real
-	}
-	return filepath.Clean(path)
-}

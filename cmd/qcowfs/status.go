@@ -45,11 +45,23 @@ type mountStatus struct {
 	// CacheMode is how a writable mount's buffered writes reach the
 	// images: "writeback" (the kernel's writeback cache) or
 	// "writethrough" (--no-writeback-cache).
-	CacheMode string    `json:"cache-mode,omitempty"`
-	Refused   []refusal `json:"refused"`
+	CacheMode string `json:"cache-mode,omitempty"`
+	// Offline: a remote image served from the disk cache in CacheDir
+	// alone (--offline).
+	Offline  bool      `json:"offline,omitempty"`
+	CacheDir string    `json:"cache-dir,omitempty"`
+	Refused  []refusal `json:"refused"`
+	// ReadOnly are the images a writable mount shows read-only, and
+	// why.
+	ReadOnly []readOnlyImage `json:"read-only"`
 	// Images is the tree's counters (fs.Status: the open images with
 	// their handles and reads, the table cache, the remote client).
 	Images any `json:"images,omitempty"`
+}
+
+type readOnlyImage struct {
+	Image  string `json:"image"`
+	Reason string `json:"reason"`
 }
 
 type refusal struct {
@@ -67,14 +79,18 @@ type mountFacts struct {
 	Writable           bool
 	Overlay, CacheMode string
 	TempOverlay        bool
+	Offline            bool
+	CacheDir           string
 	Hint               func(error) string // the flag that shows a refused image
 }
 
 // status builds the answer: the facts, the refused images, and stats (the
 // tree's counters).
-func (f mountFacts) status(refused refusalLister, stats func() any) mountStatus {
+func (f mountFacts) status(refused refusalLister, readOnly readOnlyLister, stats func() any) mountStatus {
 	s := mountStatus{Source: f.Source, Mountpoint: f.Mountpoint, PID: f.PID, Started: f.Started, Log: f.Log,
-		Writable: f.Writable, Overlay: f.Overlay, TempOverlay: f.TempOverlay, CacheMode: f.CacheMode, Refused: []refusal{}}
+		Writable: f.Writable, Overlay: f.Overlay, TempOverlay: f.TempOverlay, CacheMode: f.CacheMode, Refused: []refusal{},
+		Offline: f.Offline, CacheDir: f.CacheDir,
+		ReadOnly: []readOnlyImage{}}
 	if refused != nil {
 		m := refused.Refused()
 		for p, err := range m {
@@ -83,6 +99,12 @@ func (f mountFacts) status(refused refusalLister, stats func() any) mountStatus 
 			s.Refused = append(s.Refused, refusal{Image: p, Reason: reason, Hint: f.Hint(err)})
 		}
 		sort.Slice(s.Refused, func(i, j int) bool { return s.Refused[i].Image < s.Refused[j].Image })
+	}
+	if readOnly != nil {
+		for p, why := range readOnly.ReadOnly() {
+			s.ReadOnly = append(s.ReadOnly, readOnlyImage{Image: p, Reason: why})
+		}
+		sort.Slice(s.ReadOnly, func(i, j int) bool { return s.ReadOnly[i].Image < s.ReadOnly[j].Image })
 	}
 	if stats != nil {
 		s.Images = stats()
@@ -137,6 +159,12 @@ func (c *statusCmd) Run() error {
 		}
 		fmt.Fprintln(w, line)
 	}
+	if s.Writable && s.Overlay == "" {
+		fmt.Fprintf(w, "read-only:   %s\n", plural(len(s.ReadOnly), "image"))
+		for _, r := range s.ReadOnly {
+			fmt.Fprintf(w, "  %s: %s\n", r.Image, r.Reason)
+		}
+	}
 	if st := counters.Images; st != nil {
 		fmt.Fprintf(w, "open:        %s\n", plural(len(st.Images), "image"))
 		for _, im := range st.Images {
@@ -183,15 +211,18 @@ func mib(n int64) string {
 
 // mode says whether the mount writes, and how.
 func (s *mountStatus) mode() string {
-	if !s.Writable {
-		return "read-only"
-	}
-	m := "writable, " + s.CacheMode + " cache"
-	if s.Overlay != "" {
-		m += ", overlays in " + s.Overlay
-		if s.TempOverlay {
-			m += " (throwaway: removed at unmount)"
+	m := "read-only"
+	if s.Writable {
+		m = "writable, " + s.CacheMode + " cache"
+		if s.Overlay != "" {
+			m += ", overlays in " + s.Overlay
+			if s.TempOverlay {
+				m += " (throwaway: removed at unmount)"
+			}
 		}
+	}
+	if s.Offline {
+		m += "; offline: served from the disk cache " + s.CacheDir + " alone, what it lacks fails (EIO)"
 	}
 	return m
 }

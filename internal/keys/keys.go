@@ -171,6 +171,19 @@ func (r *Ring) Source(file string) string {
 	return "give its passphrase with --key-file or --key-dir"
 }
 
+// NewlineHint says, for messages of a passphrase that opened none of
+// file's key slots, that its key file ends in a newline, which is part of
+// the passphrase (as qemu reads it too), and how to write one without;
+// "" if it does not (or the ring has no passphrase for file).
+func (r *Ring) NewlineHint(file string) string {
+	p := r.Passphrase(file)
+	defer clear(p)
+	if len(p) == 0 || p[len(p)-1] != '\n' {
+		return ""
+	}
+	return "the key file ends in a newline, which is part of the passphrase, as qemu reads it too; to leave it out, write the file with printf %s, not echo"
+}
+
 // dirFile is the --key-dir file that would hold file's passphrase, ""
 // if there is no --key-dir or file lies under none of the roots.
 func (r *Ring) dirFile(file string) string {

@@ -164,8 +164,8 @@ func walk(fn func(pid int, fd string, st *unix.Stat_t) bool) {
 			continue // gone, or not ours to look at
 		}
 		for _, fd := range fds {
-			var st unix.Stat_t
-			if unix.Stat(filepath.Join(dir, fd.Name()), &st) != nil {
+			st, err := statCached(filepath.Join(dir, fd.Name()))
+			if err != nil {
 				continue
 			}
 			if fn(pid, fd.Name(), &st) {
@@ -173,6 +173,24 @@ func walk(fn func(pid int, fd string, st *unix.Stat_t) bool) {
 			}
 		}
 	}
+}
+
+// statCached stats a descriptor's file (/proc/PID/fd/N) as the kernel
+// has it cached (AT_STATX_DONT_SYNC), so that a descriptor on a FUSE
+// mount sends its daemon no request: a daemon that does not answer (or
+// this very process, serving its own mount) would hang the walk. The
+// fields used, device, inode and type, never change for a file.
+func statCached(path string) (unix.Stat_t, error) {
+	var x unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE|unix.STATX_INO, &x); err != nil {
+		return unix.Stat_t{}, err
+	}
+	return unix.Stat_t{
+		Dev:  unix.Mkdev(x.Dev_major, x.Dev_minor),
+		Ino:  x.Ino,
+		Mode: uint32(x.Mode),
+		Rdev: unix.Mkdev(x.Rdev_major, x.Rdev_minor),
+	}, nil
 }
 
 func fdinfo(pid int, fd string) []byte {

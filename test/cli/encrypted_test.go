@@ -33,8 +33,11 @@ func qemuOpens(t *testing.T, img, key string) (bool, string) {
 // shown by a mount whose key file holds the same bytes, and not shown
 // ("wrong passphrase", naming --key-file) by one whose key file differs
 // by the newline, exactly where qemu-io with the same key file opens or
-// refuses them. A key file that qemu refuses as a secret (not UTF-8, a
-// NUL byte) is refused by the mount, with the reason. --key-file
+// refuses them; the refusal of a key file ending in a newline says that
+// the newline is part of the passphrase, and to write the file with
+// printf %s (in the mount's lines, a single image's failure, info). A key
+// file that qemu refuses as a secret (not UTF-8, a NUL byte) is refused
+// by the mount, with the reason. --key-file
 // /dev/stdin works: the daemon gets the bytes from the process that read
 // them.
 func TestKeyFileAsQemuReadsIt(t *testing.T) {
@@ -57,12 +60,25 @@ func TestKeyFileAsQemuReadsIt(t *testing.T) {
 				if shown != opens {
 					t.Errorf("key %q, image %q: shown %v, qemu opens it %v\n%s", passes[keyName], passes[img], shown, opens, m.Said)
 				}
-				line := "not shown: " + filepath.Join(src, img+".qcow2") + ": encrypted: wrong passphrase (--key-file " + key + ")"
+				line := "not shown: " + filepath.Join(src, img+".qcow2") + ": encrypted: wrong passphrase (--key-file " + key + newlineHint(passes[keyName]) + ")"
 				if n := strings.Count(m.Said, line); n != map[bool]int{true: 0, false: 1}[opens] {
 					t.Errorf("qcowfs mount said %d times %q:\n%s", n, line, m.Said)
 				}
 			}
 		})
+	}
+	// A single image, and info, whose key file's newline makes the
+	// passphrase wrong: the hint too.
+	plain := filepath.Join(src, "plain.qcow2")
+	mnt := t.TempDir()
+	harness.Cleanup(t, mnt)
+	r := harness.Run(t, "mount", "--key-file", keyFiles["newline"], plain, mnt)
+	harness.WantError(t, "qcowfs mount of a single image with a key file ending in a newline", r,
+		plain, "wrong passphrase", "--key-file "+keyFiles["newline"]+newlineHint("\n"))
+	// (info describes the image from its header, with a warning line.)
+	r = harness.Run(t, "info", "--key-file", keyFiles["newline"], plain)
+	if !strings.Contains(r.Stderr, "wrong passphrase (--key-file "+keyFiles["newline"]+newlineHint("\n")+")") {
+		t.Errorf("qcowfs info with a key file ending in a newline says %q", r.Stderr)
 	}
 	// What qemu refuses as a secret, the mount refuses, naming why.
 	for _, c := range []struct{ name, content, word string }{
@@ -81,16 +97,26 @@ func TestKeyFileAsQemuReadsIt(t *testing.T) {
 	}
 	// The key on stdin: the daemon's stdin is /dev/null, so it must get
 	// the bytes from its parent.
-	mnt := t.TempDir()
+	mnt = t.TempDir()
 	harness.Cleanup(t, mnt)
 	cmd := exec.Command(harness.Bin(), "mount", "--key-file", "/dev/stdin", src, mnt)
 	cmd.Stdin = strings.NewReader("secret\n")
-	r := harness.RunCmd(t, cmd)
+	r = harness.RunCmd(t, cmd)
 	harness.WantOK(t, "qcowfs mount --key-file /dev/stdin", r)
 	if _, err := os.Stat(filepath.Join(mnt, "newline.raw")); err != nil {
 		t.Errorf("with the key on stdin: %v\n%s", err, r.Stderr)
 	}
 	harness.Run(t, "unmount", mnt)
+}
+
+// newlineHint is what a message adds to "wrong passphrase (--key-file
+// KEY" when the key file's bytes, pass, end in a newline: that the
+// newline is part of the passphrase, and how to write a file without.
+func newlineHint(pass string) string {
+	if !strings.HasSuffix(pass, "\n") {
+		return ""
+	}
+	return "; the key file ends in a newline, which is part of the passphrase, as qemu reads it too; to leave it out, write the file with printf %s, not echo"
 }
 
 // TestKeyRefusals: an image whose key is wrong or missing is not shown,

@@ -153,6 +153,44 @@ func TestMountSingleImageRefused(t *testing.T) {
 	}
 }
 
+// TestMountSingleImageOverlayRefused: a single image whose overlay the
+// mount refuses (the original grown past it since it was made) fails the
+// mount as any single image that would not be shown does: non-zero, the
+// reason in one line, nothing mounted, no daemon, in the background and in
+// the foreground. Before, it mounted an empty folder with exit status 0.
+// Without --overlay the image mounts (its grown size, as qemu-img info says).
+func TestMountSingleImageOverlayRefused(t *testing.T) {
+	harness.RequireFUSE(t)
+	src := t.TempDir()
+	img, _ := smallImage(t, src, "vm")
+	ov := t.TempDir()
+	m := harness.Mount(t, img, "--writable", "--overlay", ov)
+	harness.WantOK(t, "dd", harness.Exec(t, "dd", "if=/dev/zero", "of="+filepath.Join(m.Dir, "vm.raw"), "bs=4k", "count=1", "conv=notrunc,fsync", "status=none"))
+	harness.WantUnmount(t, m.Dir)
+	overlay := filepath.Join(ov, "vm.qcow2")
+	qemu.Img(t, "resize", img, "8M")
+	for _, fg := range []bool{false, true} {
+		mnt := t.TempDir()
+		harness.Cleanup(t, mnt)
+		args := []string{"mount", "--log-file", filepath.Join(t.TempDir(), "log"), "--writable", "--overlay", ov, img, mnt}
+		if fg {
+			args = append(args[:1], append([]string{"--foreground"}, args[1:]...)...)
+		}
+		r := harness.Run(t, args...)
+		harness.WantError(t, "qcowfs "+strings.Join(args, " "), r, overlay, img, "smaller")
+		if m := harness.MountAt(t, mnt); m != nil {
+			t.Errorf("mounted: %+v", m)
+		}
+		if p := harness.Daemons(t, mnt); len(p) != 0 {
+			t.Errorf("qcowfs processes left: %v", p)
+		}
+	}
+	m = harness.Mount(t, img)
+	if st, err := os.Stat(filepath.Join(m.Dir, "vm.raw")); err != nil || st.Size() != int64(qemu.Info(t, img)["virtual-size"].(float64)) {
+		t.Errorf("vm.raw without the overlay: %v, %v; want qemu-img info's virtual size", st, err)
+	}
+}
+
 // TestCLIErrors: every user mistake is one line on stderr, a non-zero
 // exit, no mount and no daemon.
 func TestCLIErrors(t *testing.T) {

@@ -304,3 +304,72 @@ func TestREADMESystemdUnit(t *testing.T) {
 	harness.WantOK(t, "mount with the unit's options", run("mount", src, mnt, "-t", keys["Type"], "-o", keys["Options"]))
 	checkHelperMount(t, mnt, src, raw)
 }
+
+// TestReadOnlyWarnings: asked for writes in a way that leaves the mount
+// read-only, qcowfs mounts read-only and says so in one warning line: the
+// rw option alone (qcowfs writes only with writable), by qcowfs mount -o,
+// as a helper, and through mount(8) with -o rw or -w, or rw in the fstab
+// line; ro beside writable (ro wins). mount(8) passes rw to every helper
+// unasked: a mount(8) mount without it, or with writable, says nothing.
+// Before, none of them said anything.
+func TestReadOnlyWarnings(t *testing.T) {
+	shared, run := helperNamespace(t)
+	src := t.TempDir()
+	smallImage(t, src, "vm")
+	const rwWarning = "qcowfs: warning: option rw: the mount is read-only"
+	const roWarning = "qcowfs: warning: ro and writable both given: ro wins, the mount is read-only"
+	fstabOf := func(mnt, opts string) string {
+		return writeFile(t, filepath.Join(t.TempDir(), "fstab"), fmt.Sprintf("%s %s fuse.qcowfs %s 0 0\n", src, mnt, opts))
+	}
+	for i, c := range []struct {
+		args     func(mnt string) []string
+		byMount  bool
+		warning  string
+		readOnly bool
+	}{
+		{func(mnt string) []string { return []string{"mount", "-o", "rw", src, mnt} }, false, rwWarning, true},
+		{func(mnt string) []string { return []string{src, mnt, "-o", "rw,allow_other"} }, false, rwWarning, true},
+		{func(mnt string) []string { return []string{"mount", "-o", "writable,ro", src, mnt} }, false, roWarning, true},
+		{func(mnt string) []string { return []string{"mount", "--writable", "-o", "ro", src, mnt} }, false, roWarning, true},
+		{func(mnt string) []string { return []string{"mount", "-o", "rw,writable", src, mnt} }, false, "", false},
+		{func(mnt string) []string { return []string{"mount", "-t", "fuse.qcowfs", src, mnt, "-o", "rw"} }, true, rwWarning, true},
+		{func(mnt string) []string { return []string{"mount", "-w", "-t", "fuse.qcowfs", src, mnt} }, true, rwWarning, true},
+		{func(mnt string) []string { return []string{"mount", "--fstab", fstabOf(mnt, "rw,allow_other"), mnt} }, true, rwWarning, true},
+		{func(mnt string) []string { return []string{"mount", "-t", "fuse.qcowfs", src, mnt} }, true, "", true},
+		{func(mnt string) []string { return []string{"mount", "--fstab", fstabOf(mnt, "defaults"), mnt} }, true, "", true},
+		{func(mnt string) []string { return []string{"mount", "-t", "fuse.qcowfs", src, mnt, "-o", "writable"} }, true, "", false},
+	} {
+		mnt := mkdir(t, shared, fmt.Sprintf("mnt%d", i))
+		harness.Cleanup(t, mnt)
+		args := c.args(mnt)
+		what := strings.Join(args, " ")
+		var r harness.Result
+		if c.byMount {
+			r = run(args...)
+		} else {
+			r = harness.Run(t, args...)
+		}
+		harness.WantOK(t, what, r)
+		var said []string
+		for _, line := range strings.Split(strings.TrimSpace(r.Stderr), "\n") {
+			if strings.HasPrefix(line, "qcowfs: warning: ") {
+				said = append(said, line)
+			}
+		}
+		switch {
+		case c.warning == "" && len(said) != 0:
+			t.Errorf("%s: warned %q, want no warning", what, said)
+		case c.warning != "" && (len(said) != 1 || !strings.HasPrefix(said[0], c.warning)):
+			t.Errorf("%s: warned %q, want one line %q...", what, said, c.warning)
+		}
+		m := harness.MountAt(t, mnt)
+		if m == nil {
+			t.Fatalf("%s: nothing mounted on %s", what, mnt)
+		}
+		if ro := slices.Contains(strings.Split(m.Options, ","), "ro"); ro != c.readOnly {
+			t.Errorf("%s: mounted with %s, want read-only %v", what, m.Options, c.readOnly)
+		}
+		harness.WantOK(t, "umount", harness.Exec(t, "umount", mnt))
+		harness.WaitGone(t, mnt)
+	}
+}

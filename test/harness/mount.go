@@ -231,11 +231,18 @@ func Cleanup(t testing.TB, mnt string) {
 				time.Sleep(50 * time.Millisecond)
 			}
 		}
+		conn := fuseConn(MountAt(t, mnt))
 		signal(syscall.SIGTERM, 3*time.Second)
+		// A connection that outlives its daemon's SIGTERM has a
+		// request stuck in it: the daemon's own on its mount (a test
+		// of that failing), which only an abort ends, and the readers
+		// stuck with it.
+		abortStuck(t, mnt, conn)
 		for i := 0; i < 5 && MountAt(t, mnt) != nil; i++ {
 			exec.Command("umount", "-l", mnt).Run()
 		}
 		signal(syscall.SIGKILL, 3*time.Second)
+		abortStuck(t, mnt, conn)
 		// The log a daemon without syslog and --log-file left.
 		os.Remove(filepath.Join("/run/qcowfs", Escape(mnt)+".log"))
 	})
@@ -269,4 +276,52 @@ func Escape(p string) string {
 	}
 	// Without systemd: the same rules, for the plain paths of tests.
 	return strings.ReplaceAll(strings.Trim(p, "/"), "/", "-")
+}
+
+// fusectl is where the kernel's FUSE control file system is mounted.
+const fusectl = "/sys/fs/fuse/connections"
+
+// fuseConn is the FUSE connection of the mount m (the minor number of its
+// device), or "" if m is nil or no FUSE mount.
+func fuseConn(m *mountinfo.Mount) string {
+	if m == nil || !strings.HasPrefix(m.FSType, "fuse") {
+		return ""
+	}
+	_, minor, _ := strings.Cut(m.MajMin, ":")
+	return minor
+}
+
+// abortStuck aborts the FUSE connection conn of the mount on mnt if it is
+// still there: still mounted on mnt, or detached (mounted nowhere) but
+// alive, as a connection stays while a request waits in it. Every
+// request waiting on it then fails (ENOTCONN): also those of a daemon
+// stuck in a request on its own mount, which nothing else ends, not even
+// kill -9. (A connection number mounted elsewhere is another mount's now,
+// and left alone.)
+func abortStuck(t testing.TB, mnt, conn string) {
+	if conn == "" {
+		return
+	}
+	if _, err := os.Stat(filepath.Join(fusectl, conn)); err != nil {
+		if MountAt(t, fusectl) != nil {
+			return // gone: nothing stuck
+		}
+		if syscall.Mount("fusectl", fusectl, "fusectl", 0, "") != nil {
+			return
+		}
+		if _, err := os.Stat(filepath.Join(fusectl, conn)); err != nil {
+			return
+		}
+	}
+	if m := MountAt(t, mnt); fuseConn(m) != conn {
+		for _, m := range Mounts(t) {
+			if fuseConn(&m) == conn {
+				return
+			}
+		}
+	}
+	t.Logf("aborting the FUSE connection %s of %s", conn, mnt)
+	if err := os.WriteFile(filepath.Join(fusectl, conn, "abort"), []byte("1\n"), 0); err != nil {
+		t.Logf("aborting the FUSE connection of %s: %v", mnt, err)
+	}
 }

@@ -57,6 +57,7 @@ type Hydration struct {
 	Percent float64 `json:"percent"`
 	Rate    int64   `json:"rate"`
 	State   string  `json:"state"`
+	Error   string  `json:"error"`
 }
 
 // A Status is what the tests read of qcowfs status --output=json.
@@ -67,8 +68,12 @@ type Status struct {
 	// (--overlay=temp), removed at unmount.
 	TempOverlay bool   `json:"temp-overlay"`
 	CacheMode   string `json:"cache-mode"`
-	Refused     []struct{ Image, Reason, Hint string }
-	Images      struct {
+	// Offline: a remote image served from the disk cache alone.
+	Offline bool `json:"offline"`
+	Refused []struct{ Image, Reason, Hint string }
+	// ReadOnly are the images a writable mount shows read-only.
+	ReadOnly []struct{ Image, Reason string } `json:"read-only"`
+	Images   struct {
 		Open []OpenImage `json:"open-images"`
 		Errors
 		Remote *RemoteStats `json:"remote"` // nil but for a remote mount

@@ -35,17 +35,44 @@ func TestTreeMirrorsSource(t *testing.T) {
 	// The qcow2 magic alone: a raw file to qemu (whose probe reads the
 	// missing version as 0), and so not an image.
 	os.WriteFile(filepath.Join(src, "magic.qcow2"), []byte("QFI\xfb"), 0o644)
-	if out := qemu.Info(t, filepath.Join(src, "magic.qcow2")); out["format"] != "raw" {
-		t.Fatalf("qemu-img info of the magic alone says format %v, the test expects raw", out["format"])
+	// The magic and a version of 0, then bytes: raw to qemu too.
+	os.WriteFile(filepath.Join(src, "zero.img"), []byte("QFI\xfb\x00\x00\x00\x00 and more"), 0o644)
+	for _, name := range []string{"magic.qcow2", "zero.img"} {
+		if out := qemu.Info(t, filepath.Join(src, name)); out["format"] != "raw" {
+			t.Fatalf("qemu-img info of %s says format %v, the test expects raw", name, out["format"])
+		}
 	}
 
 	m := harness.Mount(t, src)
 
 	// vm.img and vm.qcow2 both want vm.raw: vm.img comes first in byte
 	// order and gets it; vm.qcow2 falls back to vm.qcow2.raw.
-	want := []string{"a.raw", "disk.raw", "fake.qcow2", "magic.qcow2", "notes.txt", "sub", "vm.qcow2.raw", "vm.raw"}
+	want := []string{"a.raw", "disk.raw", "fake.qcow2", "magic.qcow2", "notes.txt", "sub", "vm.qcow2.raw", "vm.raw", "zero.img"}
 	if got := harness.Names(t, m.Dir); !slices.Equal(got, want) {
 		t.Fatalf("mount lists %q, want %q", got, want)
+	}
+	// A file with the magic that qemu reads as raw is shown as the plain
+	// file it is, with one log line naming it (however often it is
+	// listed and looked up); the others get none.
+	harness.Names(t, m.Dir)
+	for _, name := range []string{"magic.qcow2", "zero.img", "fake.qcow2"} {
+		if _, err := os.Stat(filepath.Join(m.Dir, name)); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	var said []string
+	for _, line := range strings.Split(m.LogText(t), "\n") {
+		if strings.Contains(line, "qcow2 magic") {
+			said = append(said, line)
+		}
+	}
+	for _, name := range []string{"magic.qcow2", "zero.img"} {
+		if n := countContaining(said, "path="+filepath.Join(src, name)+" "); n != 1 {
+			t.Errorf("%d log lines name %s as beginning with the qcow2 magic, want 1:\n%s", n, name, strings.Join(said, "\n"))
+		}
+	}
+	if len(said) != 2 {
+		t.Errorf("%d log lines about the qcow2 magic, want 2:\n%s", len(said), strings.Join(said, "\n"))
 	}
 	if got := harness.Names(t, filepath.Join(m.Dir, "sub/deep")); !slices.Equal(got, []string{"x.raw"}) {
 		t.Fatalf("sub/deep lists %q", got)
@@ -95,6 +122,17 @@ func TestTreeMirrorsSource(t *testing.T) {
 	if after := inode(m2.Dir); after != before {
 		t.Errorf("a.raw inode %d, %d after a remount", before, after)
 	}
+}
+
+// countContaining counts the lines that contain s.
+func countContaining(lines []string, s string) int {
+	n := 0
+	for _, l := range lines {
+		if strings.Contains(l, s) {
+			n++
+		}
+	}
+	return n
 }
 
 // TestTreeFollowsChanges adds and removes images while mounted.

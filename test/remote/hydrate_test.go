@@ -164,6 +164,82 @@ func TestRemoteHydrateS3(t *testing.T) {
 	}
 }
 
+// TestRemoteHydrateCacheFull: --hydrate into a --cache-dir on a tmpfs of
+// 1 MiB, far less than the 8 MiB of data the image needs (and than
+// --cache-dir-size): the hydration fails, saying why (the cache folder's
+// file system is full, ENOSPC), and counts as done only what the disk
+// cache holds: its percent is below 100, and its done bytes fit in the
+// chunk files on the tmpfs. The log says the same, in one line for the
+// full disk (not one per chunk, also while a reader copies the whole
+// disk meanwhile) and one for the hydration, whose reason is the
+// status's. The copy is qemu's bytes all the same. Once the tmpfs is made
+// larger, a second mount over the same cache completes, fetching the rest.
+// Before, the hydration said complete at 100 % and the log had a line per
+// chunk.
+func TestRemoteHydrateCacheFull(t *testing.T) {
+	root := harness.SourceDir(t)
+	img := qemu.Make(t, filepath.Join(root, "vm.qcow2"), "64M", "write -P 0x11 0 8M")
+	want := wantRaw(t, t.TempDir(), img)
+	ng := servers.StartNginx(t, root, false)
+	url := ng.URL + "/vm.qcow2"
+	cache := t.TempDir()
+	harness.WantOK(t, "mount tmpfs", harness.Exec(t, "mount", "-t", "tmpfs", "-o", "size=1m", "qcowfs-cache", cache))
+	t.Cleanup(func() { exec.Command("umount", "-l", cache).Run() })
+
+	hydration := func(m *harness.Mounted) harness.Hydration {
+		var h harness.Hydration
+		harness.WaitFor(t, "the hydration to end", 30*time.Second, func() bool {
+			hs := remoteStats(t, m).Hydration
+			if len(hs) != 1 {
+				return false
+			}
+			h = hs[0]
+			return h.State != "running"
+		})
+		return h
+	}
+	m := mountRemote(t, harness.Daemon{}, url, "--cache-dir", cache, "--hydrate")
+	harness.Open(t, filepath.Join(m.Dir, "vm.raw"))
+	h := hydration(m)
+	if h.State != "failed" || !strings.Contains(h.Error, "no space left on device") || !strings.Contains(h.Error, cache) {
+		t.Errorf("hydration into a full cache: %+v; want failed, naming %s and ENOSPC", h, cache)
+	}
+	if h.Percent >= 100 || h.Done >= h.Needed {
+		t.Errorf("hydration into a full cache: %+v; want less than all of it done", h)
+	}
+	stored := int64(0) // the chunks' bytes on the tmpfs (less their 8-byte trailers)
+	filepath.Walk(cache, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() && !strings.HasSuffix(p, ".tmp") {
+			stored += fi.Size() - 8
+		}
+		return nil
+	})
+	if h.Done > stored {
+		t.Errorf("hydration counts %d bytes done; the cache holds %d", h.Done, stored)
+	}
+	got := filepath.Join(t.TempDir(), "vm.raw")
+	harness.WantOK(t, "cp", harness.Exec(t, "cp", filepath.Join(m.Dir, "vm.raw"), got))
+	harness.SameFile(t, got, want)
+	log := m.LogText(t)
+	if n := strings.Count(log, "cannot write the disk cache"); n != 1 {
+		t.Errorf("the log says %d times that the disk cache cannot be written, want once:\n%s", n, log)
+	}
+	if n := strings.Count(log, "no space left on device"); n != 2 {
+		t.Errorf("the log names ENOSPC %d times, want twice (the disk cache, the hydration):\n%s", n, log)
+	}
+	if !strings.Contains(log, `msg="remote: hydration failed; reads fetch what they need as before" url=`+url+` err="`+h.Error+`"`) {
+		t.Errorf("the log does not give the hydration's failure as status does (%q):\n%s", h.Error, log)
+	}
+	m.Unmount(t)
+
+	harness.WantOK(t, "remount tmpfs", harness.Exec(t, "mount", "-o", "remount,size=64m", cache))
+	m = mountRemote(t, harness.Daemon{}, url, "--cache-dir", cache, "--hydrate")
+	harness.Open(t, filepath.Join(m.Dir, "vm.raw"))
+	if h2 := hydration(m); h2.State != "complete" || h2.Done != h2.Needed || h2.Fetched == 0 {
+		t.Errorf("hydration with room: %+v; want complete, the rest fetched", h2)
+	}
+}
+
 // syncBuf is a bytes.Buffer safe for a writer and a reader at once.
 type syncBuf struct {
 	mu sync.Mutex
