@@ -67,7 +67,11 @@ func (n *imageNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, ui
 		}
 		return nil, 0, errnoOf(err)
 	}
-	return &imageHandle{n: n, oi: oi, write: write}, n.m.openFlags(write, flags), 0
+	h := &imageHandle{n: n, oi: oi, write: write}
+	if flags&syscall.O_DIRECT == 0 {
+		h.holes = newHoleWatch() // (O_DIRECT reads bypass the page cache)
+	}
+	return h, n.m.openFlags(write, flags), 0
 }
 
 // openFlags are the open reply's flags. A handle opened for writing with
@@ -178,7 +182,8 @@ func (n *imageNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.Set
 type imageHandle struct {
 	n     *imageNode
 	oi    *openImage
-	write bool // opened for writing
+	write bool       // opened for writing
+	holes *holeWatch // reads meeting holes in the page cache (reread.go); nil for O_DIRECT
 }
 
 var _ = (gofs.FileReader)((*imageHandle)(nil))
@@ -186,6 +191,11 @@ var _ = (gofs.FileReader)((*imageHandle)(nil))
 // Read serves a read from the image; requests run in parallel.
 func (h *imageHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	n := h.n
+	if h.holes != nil && h.holes.read(off, int64(len(dest))) {
+		// Not in this request: the kernel waits for the locked pages of
+		// the reads in flight, this one's included, to drop them.
+		go n.NotifyContent(off+int64(len(dest)), 0)
+	}
 	return n.m.read(h.oi, dest, n.start+off, n.start+n.fileSize(h.oi))
 }
 
