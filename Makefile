@@ -9,8 +9,9 @@ BIN     := bin/qcowfs
 MAN     := bin/qcowfs.1
 # Packages the tests and the demo need (Debian names); nginx serves the
 # remote images of the tests, and qemu-block-extra (qemu's curl driver) is
-# their oracle for the block status of a URL.
-TEST_PKGS := fuse3 qemu-utils qemu-block-extra fdisk e2fsprogs dosfstools util-linux libdeflate-dev libzstd-dev gcc groff-base systemd nginx time fio curl
+# their oracle for the block status of a URL; xfsprogs, btrfs-progs and
+# ntfs-3g make the file systems guestfs.Probe must name and refuse.
+TEST_PKGS := fuse3 qemu-utils qemu-block-extra fdisk e2fsprogs dosfstools xfsprogs btrfs-progs ntfs-3g util-linux libdeflate-dev libzstd-dev gcc groff-base systemd nginx time fio curl
 # Go programs the tests need (scripts/go-tools.sh pins their versions:
 # versitygw, the S3 server), installed into $(go env GOPATH)/bin, which
 # the tests find on PATH.
