@@ -28,9 +28,10 @@ import (
 // read.
 //
 // Where the kernel's recovery fails, so does Open (never a mix of
-// replayed and unreplayed blocks): a data block whose checksum does not
-// match, a revoke block out of bounds, a journal on another device, or
-// fast commits to replay (this package does not replay them).
+// replayed and unreplayed blocks): a data block or a commit block whose
+// checksum does not match, a revoke block out of bounds, a journal on
+// another device, or fast commits to replay (this package does not replay
+// them).
 //
 // All jbd2 fields are big-endian.
 const (
@@ -410,27 +411,33 @@ scan:
 				}
 				break scan // a stale transaction: the log ends before it
 			}
-			failed := false
-			if p == passScan && j.compat&jCompatChecksum != 0 {
-				if rec.endSet {
+			if p == passScan {
+				failed := false
+				if j.compat&jCompatChecksum != 0 {
+					if rec.endSet {
+						return j.errorf("commit block", uint64(rec.end), "a transaction after one whose checksum did not match: the kernel refuses to mount")
+					}
+					found, ctype, csize := be.Uint32(b[0x10:]), b[0xC], b[0xD]
+					failed = !(crc32Sum == found && ctype == 1 && csize == 4 || ctype == 0 && csize == 0 && found == 0)
+					crc32Sum = ^uint32(0)
+				}
+				if !failed && j.csum() && !j.commitCsum(b) {
+					failed = true
+				}
+				if failed {
+					if commitTime < lastCommitTime {
+						break scan // stale, from before the journal wrapped
+					}
+					// With asynchronous commits a transaction whose
+					// commit did not make it whole ends the log;
+					// otherwise the kernel takes it for a corrupt
+					// journal and does not mount (j_failed_commit).
+					if !j.has(jIncompatAsync) {
+						return j.errorf("commit block checksum", uint64(seq), "does not match: transaction %d is corrupt, and the kernel refuses to mount", seq)
+					}
+					rec.end, rec.endSet = seq, true
 					break scan
 				}
-				found, ctype, csize := be.Uint32(b[0x10:]), b[0xC], b[0xD]
-				failed = !(crc32Sum == found && ctype == 1 && csize == 4 || ctype == 0 && csize == 0 && found == 0)
-				crc32Sum = ^uint32(0)
-			}
-			if p == passScan && !failed && j.csum() && !j.commitCsum(b) {
-				failed = true
-			}
-			if failed {
-				if commitTime < lastCommitTime {
-					break scan // stale
-				}
-				// The transaction is not committed; the log ends here.
-				rec.end, rec.endSet = seq, true
-				break scan
-			}
-			if p == passScan {
 				lastCommitTime = commitTime
 			}
 			seq++

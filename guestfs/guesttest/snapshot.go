@@ -47,37 +47,48 @@ type Tree map[string]*Node
 // Paths in skip are left out with all below them.
 func ReadOS(t testing.TB, root string, skip ...string) Tree {
 	t.Helper()
+	tree, err := ReadOSErr(root, skip...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tree
+}
+
+// ReadOSErr is ReadOS, returning the first error.
+func ReadOSErr(root string, skip ...string) (Tree, error) {
 	tree := Tree{}
-	var walk func(rel string)
-	walk = func(rel string) {
+	var walk func(rel string) error
+	walk = func(rel string) error {
 		full := path.Join(root, rel)
 		n, err := statOS(full)
 		if err != nil {
-			t.Fatalf("%s: %v", rel, err)
+			return fmt.Errorf("%s: %w", rel, err)
 		}
 		tree[rel] = n
 		if n.Mode&unix.S_IFMT != unix.S_IFDIR {
-			return
+			return nil
 		}
 		f, err := os.Open(full)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		names, err := f.Readdirnames(-1)
 		f.Close()
 		if err != nil {
-			t.Fatalf("%s: %v", rel, err)
+			return fmt.Errorf("%s: %w", rel, err)
 		}
 		for _, name := range names {
 			child := path.Join(rel, name)
 			if slices.Contains(skip, child) {
 				continue
 			}
-			walk(child)
+			if err := walk(child); err != nil {
+				return err
+			}
 		}
+		return nil
 	}
-	walk(".")
-	return tree
+	return tree, walk(".")
 }
 
 func statOS(p string) (*Node, error) {
@@ -261,6 +272,17 @@ const (
 // other lacks, and every field in f that differs.
 func Compare(t testing.TB, label string, got, want Tree, f Fields) {
 	t.Helper()
+	if problems := Diff(got, want, f); len(problems) > 0 {
+		if len(problems) > 40 {
+			problems = append(problems[:40], fmt.Sprintf("... and %d more", len(problems)-40))
+		}
+		t.Errorf("%s: %d differences:\n%s", label, len(problems), strings.Join(problems, "\n"))
+	}
+}
+
+// Diff lists every path that one tree has and the other lacks, and every
+// field in f that differs.
+func Diff(got, want Tree, f Fields) []string {
 	var paths []string
 	for p := range want {
 		paths = append(paths, p)
@@ -350,10 +372,5 @@ func Compare(t testing.TB, label string, got, want Tree, f Fields) {
 			diff("data runs", fmt.Sprint(g.Data), fmt.Sprint(w.Data))
 		}
 	}
-	if len(problems) > 0 {
-		if len(problems) > 40 {
-			problems = append(problems[:40], fmt.Sprintf("... and %d more", len(problems)-40))
-		}
-		t.Errorf("%s: %d differences:\n%s", label, len(problems), strings.Join(problems, "\n"))
-	}
+	return problems
 }
