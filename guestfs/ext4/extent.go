@@ -138,8 +138,11 @@ func (fs *FS) extentHeader(in *inode, node []byte, level, parentDepth int) (exte
 	if h.entries > h.max {
 		return h, bad("eh_entries", uint64(h.entries), "more than eh_max %d", h.max)
 	}
-	if level == 0 && h.depth > extentMaxDepth || level > 0 && int(h.depth) != parentDepth-1 {
-		return h, bad("eh_depth", uint64(h.depth), "not one less than its parent's %d (at most %d)", parentDepth, extentMaxDepth)
+	if level == 0 && h.depth > extentMaxDepth {
+		return h, bad("eh_depth", uint64(h.depth), "deeper than %d", extentMaxDepth)
+	}
+	if level > 0 && int(h.depth) != parentDepth-1 {
+		return h, bad("eh_depth", uint64(h.depth), "not one less than its parent's %d", parentDepth)
 	}
 	if h.entries == 0 && h.depth > 0 {
 		return h, bad("eh_entries", 0, "an index node with no entries")

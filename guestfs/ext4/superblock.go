@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"strings"
 
 	"github.com/qcowfs/qcowfs/guestfs"
 )
@@ -319,5 +320,5 @@ func incompatNames(f uint32) string {
 	if f != 0 {
 		s = append(s, fmt.Sprintf("unknown 0x%x", f))
 	}
-	return fmt.Sprint(s)
+	return strings.Join(s, ", ")
 }

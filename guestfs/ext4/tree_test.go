@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/fstest"
 	"unicode/utf8"
@@ -201,6 +202,12 @@ func TestTrees(t *testing.T) {
 
 			if err := fstest.TestFS(hideUnopenable(fsys), "files/size-4096", "links/absolute", "deep/d01/d02"); err != nil {
 				t.Error(err)
+			}
+			// What fstest cannot open: links that lead nowhere.
+			for name, want := range map[string]error{"links/loop1": syscall.ELOOP, "links/self": syscall.ELOOP, "links/dangling": fs.ErrNotExist} {
+				if _, err := fsys.Open(name); !errors.Is(err, want) {
+					t.Errorf("Open(%s) = %v, want %v", name, err, want)
+				}
 			}
 		})
 	}
