@@ -64,7 +64,8 @@ lint:
 	$(GO) run $(STATICCHECK) ./...
 
 # Every fuzz target (qcow2 header, image, L2 entries, compressed clusters,
-# snapshot table; partition tables) for FUZZTIME seconds each. Failing
+# snapshot table; partition tables; ext2/3/4 superblock, image, inode and
+# directory) for FUZZTIME seconds each. Failing
 # inputs land in testdata/fuzz and run with every `make test` after.
 FUZZTIME ?= 30
 fuzz:

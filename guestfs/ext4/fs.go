@@ -61,6 +61,9 @@ func OpenOptions(r io.ReaderAt, size int64, o Options) (*FS, error) {
 	if o.CacheBytes <= 0 {
 		o.CacheBytes = DefaultCacheBytes
 	}
+	if size < superblockOffset+superblockSize {
+		return nil, &guestfs.FormatError{FS: "ext4", Field: "partition size", Value: uint64(max(size, 0)), Msg: "too small to hold a superblock"}
+	}
 	b := make([]byte, superblockSize)
 	if n, err := r.ReadAt(b, superblockOffset); n < len(b) {
 		if err == nil || errors.Is(err, io.EOF) {
