@@ -95,9 +95,13 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	// In memory where there is a tmpfs: writing the trees' 100,000 files
+	// to a disk file system takes minutes on a busy machine, seconds here.
 	var err error
-	if treeDir, err = os.MkdirTemp("", "ext4-trees-"); err != nil {
-		panic(err)
+	if treeDir, err = os.MkdirTemp("/dev/shm", "ext4-trees-"); err != nil {
+		if treeDir, err = os.MkdirTemp("", "ext4-trees-"); err != nil {
+			panic(err)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(treeDir)
@@ -132,8 +136,15 @@ func (tr *tree) path(t testing.TB) string {
 // TREE among them, or not), in a test's temporary folder.
 func mkfs(t testing.TB, size int64, args ...string) string {
 	t.Helper()
-	requireTools(t, "mkfs.ext4")
 	img := filepath.Join(t.TempDir(), "fs.img")
+	mkfsAt(t, img, size, args...)
+	return img
+}
+
+// mkfsAt is mkfs making the image file img.
+func mkfsAt(t testing.TB, img string, size int64, args ...string) {
+	t.Helper()
+	requireTools(t, "mkfs.ext4")
 	f, err := os.Create(img)
 	if err != nil {
 		t.Fatal(err)
@@ -143,7 +154,6 @@ func mkfs(t testing.TB, size int64, args ...string) string {
 	}
 	f.Close()
 	command(t, "mkfs.ext4", append(append([]string{"-q", "-F"}, args...), img)...)
-	return img
 }
 
 // mountImage mounts img with the kernel (mount -o opts,loop) until the

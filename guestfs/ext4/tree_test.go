@@ -110,24 +110,21 @@ func (c imageCase) madeImage(t *testing.T) string {
 	m.once.Do(func() {
 		src := c.tree.path(t)
 		const size = 1 << 30 // sparse: only what mkfs and the tree write is allocated
-		var img string
+		f, err := os.CreateTemp(treeDir, "image-*.img")
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		img := f.Name()
 		if !c.kernel {
-			img = mkfs(t, size, append(c.mkfs, "-d", src)...)
+			mkfsAt(t, img, size, append(c.mkfs, "-d", src)...)
 		} else {
-			img = mkfs(t, size, c.mkfs...)
+			mkfsAt(t, img, size, c.mkfs...)
 			mnt, unmount := mountImage(t, img, "rw")
 			command(t, "cp", "-a", src+"/.", mnt)
 			unmount()
 		}
-		kept, err := os.CreateTemp(treeDir, "image-*.img")
-		if err != nil {
-			t.Fatal(err)
-		}
-		kept.Close()
-		if err := os.Rename(img, kept.Name()); err != nil {
-			t.Fatal(err)
-		}
-		m.path = kept.Name()
+		m.path = img
 	})
 	if m.path == "" {
 		t.Fatal("the image could not be made")
