@@ -247,3 +247,50 @@ func TestWalkMemory(t *testing.T) {
 		t.Errorf("the live heap grew by %d bytes walking %d files, more than the cache (%d) and 8 MiB", grown, files, cache)
 	}
 }
+
+// BenchmarkLookup looks up every name of the 10,000-entry folder three
+// ways: down its htree (e2fsck -fD indexed it), through the map of its
+// names a linear folder gets (dirindex.go; warm), and entry by entry.
+func BenchmarkLookup(b *testing.B) {
+	c := imageCase{tree: fullTree, mkfs: []string{"-b", "4096"}}
+	img := filepath.Join(b.TempDir(), "img")
+	command(b, "cp", "--sparse=always", c.madeImage(b), img)
+	if _, _, err := commandErr("e2fsck", "-fyD", img); err != nil && !isExit(err, 1) {
+		b.Fatalf("e2fsck -fyD: %v", err)
+	}
+	fsys := openImage(b, img)
+	root, _ := fsys.readInode(RootIno)
+	dir, err := fsys.lookup(root, "bigdir")
+	if err != nil || !fsys.isDx(dir) {
+		b.Fatalf("bigdir: %v, hashed %v", err, err == nil && fsys.isDx(dir))
+	}
+	list, err := fsys.readDir(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, way := range []struct {
+		name   string
+		lookup func(name string) (uint32, bool, error)
+	}{
+		{"htree", func(name string) (uint32, bool, error) {
+			ino, found, _, err := fsys.lookupDx(dir, name)
+			return ino, found, err
+		}},
+		{"index", func(name string) (uint32, bool, error) {
+			ino, found, _, err := fsys.lookupIndexed(dir, name)
+			return ino, found, err
+		}},
+		{"linear", func(name string) (uint32, bool, error) { return fsys.lookupLinear(dir, name) }},
+	} {
+		b.Run(way.name, func(b *testing.B) {
+			n := 0
+			for b.Loop() {
+				e := list[n%len(list)]
+				n++
+				if ino, found, err := way.lookup(e.Name); err != nil || !found || uint64(ino) != e.Ino {
+					b.Fatalf("%q: %d, %v, %v", e.Name, ino, found, err)
+				}
+			}
+		})
+	}
+}

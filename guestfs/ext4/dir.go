@@ -26,6 +26,20 @@ const (
 // fileTypes maps a directory entry's file_type to S_IFMT bits.
 var fileTypes = [8]uint32{0, unix.S_IFREG, unix.S_IFDIR, unix.S_IFCHR, unix.S_IFBLK, unix.S_IFIFO, unix.S_IFSOCK, unix.S_IFLNK}
 
+// A region names the entries walkEntries walks, for its errors: a
+// directory block, or part of an inline directory.
+type region struct {
+	inline string // "" for block lblk
+	lblk   uint64
+}
+
+func (r region) String() string {
+	if r.inline != "" {
+		return r.inline
+	}
+	return fmt.Sprintf("directory block %d", r.lblk)
+}
+
 // An entryFunc sees one entry; returning false stops the walk. name is
 // only valid during the call.
 type entryFunc func(ino uint32, name []byte, ftype uint8) bool
@@ -35,7 +49,7 @@ type entryFunc func(ino uint32, name []byte, ftype uint8) bool
 // rec_len at least the entry's size, 4-aligned, inside the block; the name
 // inside rec_len; the inode number in range. where names the block for
 // errors. It returns false if f stopped it.
-func (fs *FS) walkEntries(dir *inode, b []byte, where string, f entryFunc) (bool, error) {
+func (fs *FS) walkEntries(dir *inode, b []byte, where region, f entryFunc) (bool, error) {
 	le := binary.LittleEndian
 	for off := 0; off < len(b); {
 		if len(b)-off < direntHeader {
@@ -141,7 +155,7 @@ func (fs *FS) forEachEntry(dir *inode, f entryFunc) error {
 			if err != nil {
 				return err
 			}
-			more, err := fs.walkEntries(dir, b, fmt.Sprintf("directory block %d", lblk), f)
+			more, err := fs.walkEntries(dir, b, region{lblk: lblk}, f)
 			if err != nil || !more {
 				return err
 			}
@@ -162,11 +176,11 @@ func (fs *FS) forEachInlineEntry(dir *inode, f entryFunc) error {
 	if !f(uint32(dir.ino), []byte("."), 2) || !f(parent, []byte(".."), 2) {
 		return nil
 	}
-	more, err := fs.walkEntries(dir, dir.block[4:], "the inline directory in i_block", f)
+	more, err := fs.walkEntries(dir, dir.block[4:], region{inline: "the inline directory in i_block"}, f)
 	if err != nil || !more || len(dir.inlineData) == 0 {
 		return err
 	}
-	_, err = fs.walkEntries(dir, dir.inlineData, "the inline directory in system.data", f)
+	_, err = fs.walkEntries(dir, dir.inlineData, region{inline: "the inline directory in system.data"}, f)
 	return err
 }
 
@@ -223,7 +237,7 @@ func (fs *FS) lookupLinear(dir *inode, name string) (uint32, bool, error) {
 		if err != nil {
 			return 0, false, err
 		}
-		_, err = fs.walkEntries(dir, b, "directory block 0", func(ino uint32, n []byte, _ uint8) bool {
+		_, err = fs.walkEntries(dir, b, region{}, func(ino uint32, n []byte, _ uint8) bool {
 			if string(n) == name {
 				found = ino
 				return false

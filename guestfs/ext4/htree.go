@@ -2,7 +2,6 @@ package ext4
 
 import (
 	"encoding/binary"
-	"fmt"
 )
 
 // Hashed (htree) directories (directory.rst, "Hash Tree Directories"):
@@ -173,7 +172,7 @@ func (fs *FS) lookupDx(dir *inode, name string) (ino uint32, found, usable bool,
 		if err != nil {
 			return 0, false, true, err
 		}
-		_, err = fs.walkEntries(dir, b, fmt.Sprintf("directory block %d", leaf), func(i uint32, n []byte, _ uint8) bool {
+		_, err = fs.walkEntries(dir, b, region{lblk: leaf}, func(i uint32, n []byte, _ uint8) bool {
 			if string(n) == name {
 				ino = i
 				return false

@@ -97,7 +97,7 @@ type madeImage struct {
 	path string
 }
 
-func (c imageCase) madeImage(t *testing.T) string {
+func (c imageCase) madeImage(t testing.TB) string {
 	t.Helper()
 	key := fmt.Sprintf("%p %q %v", c.tree, c.mkfs, c.kernel)
 	madeMu.Lock()
