@@ -290,3 +290,28 @@ func (d *hideDir) ReadDir(n int) ([]fs.DirEntry, error) {
 }
 
 var _ guestfs.FS = (*FS)(nil)
+
+// TestConcurrent reads one file system from eight goroutines at once,
+// through a cache small enough to evict all the time: every reader must
+// see the same tree (and `go test -race` must find no race).
+func TestConcurrent(t *testing.T) {
+	c := imageCase{tree: mediumTree, mkfs: []string{"-b", "4096", "-O", "inline_data"}}
+	img := c.madeImage(t)
+	f, err := os.Open(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() }) // after the parallel subtests
+	st, _ := f.Stat()
+	fsys, err := OpenOptions(f, st.Size(), Options{CacheBytes: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := guesttest.ReadFS(t, fsys, "lost+found")
+	for i := range 8 {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			t.Parallel()
+			guesttest.Compare(t, "a concurrent reader", guesttest.ReadFS(t, fsys, "lost+found"), want, guesttest.Kernel)
+		})
+	}
+}
