@@ -31,7 +31,7 @@ type Options struct {
 	// devices).
 	Special bool
 	// Big adds a 300 MiB file, sparse but for a few MiB of data at its
-	// start, middle and end.
+	// start, middle and end, and a sparse file past 4 GiB.
 	Big bool
 	// BigDir is the number of entries of the big directory (10,000 in
 	// the trees; 0 leaves it out).
@@ -45,8 +45,12 @@ type Options struct {
 // (dangling, or a loop); Open cannot follow them.
 var Dangling = []string{"links/dangling", "links/loop1", "links/loop2", "links/self", "owners/link-4242"}
 
-// BigFile is the path of the 300 MiB file (Options.Big).
-const BigFile = "sparse/big-300M"
+// BigFile and HugeFile are the paths of the 300 MiB file and of a
+// sparse file of a little more than 4 GiB (Options.Big).
+const (
+	BigFile  = "sparse/big-300M"
+	HugeFile = "sparse/huge-4G"
+)
 
 // Write fills dir with the tree: files of many sizes, sparse files,
 // symbolic links of every kind, hard links, a big directory, Unicode and
@@ -97,6 +101,9 @@ func Write(t testing.TB, dir string, o Options) {
 	sparse("sparse/unaligned", 1<<20+123, map[int64]int{70000: 10, 1 << 20: 123})
 	if o.Big {
 		sparse(BigFile, 300<<20, map[int64]int{0: 1 << 20, 150 << 20: 1 << 20, 300<<20 - 4096: 4096})
+		// Past 4 GiB: i_size's high word, blocks past 2^32 bytes; data
+		// across the 4 GiB line.
+		sparse(HugeFile, 4<<30+4097, map[int64]int{4<<30 - 2048: 4096, 4<<30 + 4096: 1})
 	}
 
 	mkdir("links")
