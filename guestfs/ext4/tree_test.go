@@ -122,6 +122,9 @@ func (c imageCase) madeImage(t testing.TB) string {
 			mkfsAt(t, img, size, c.mkfs...)
 			mnt, unmount := mountImage(t, img, "rw")
 			command(t, "cp", "-a", src+"/.", mnt)
+			// cp writes zeros or leaves holes: make unwritten extents.
+			guesttest.WriteUnwritten(t, filepath.Join(mnt, guesttest.UnwrittenFile))
+			command(t, "touch", "-r", filepath.Join(src, guesttest.UnwrittenFile), filepath.Join(mnt, guesttest.UnwrittenFile))
 			unmount()
 		}
 		m.path = img
@@ -164,6 +167,11 @@ func TestTrees(t *testing.T) {
 				t.Skip("-short: the 300 MiB file")
 			}
 			img, src := c.makeImage(t)
+			if c.kernel && c.tree != bigTree && !strings.Contains(strings.Join(c.mkfs, " "), "ext2") {
+				if out := command(t, "debugfs", "-R", "ex "+guesttest.UnwrittenFile, img); !strings.Contains(out, "Uninit") {
+					t.Fatalf("%s has no unwritten extents (debugfs ex):\n%s", guesttest.UnwrittenFile, out)
+				}
+			}
 			if got := strings.TrimSpace(command(t, "blkid", "-p", "-o", "value", "-s", "TYPE", img)); got != c.typ {
 				t.Fatalf("blkid calls the image %q, want %q", got, c.typ)
 			}

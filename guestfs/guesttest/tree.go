@@ -7,6 +7,7 @@
 package guesttest
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -51,6 +52,37 @@ const (
 	BigFile  = "sparse/big-300M"
 	HugeFile = "sparse/huge-4G"
 )
+
+// UnwrittenFile is the path of a file allocated with fallocate and then
+// written in part: on ext4, unwritten extents around a written one.
+const UnwrittenFile = "sparse/unwritten"
+
+// WriteUnwritten makes file name as UnwrittenFile is made: 1 MiB
+// allocated, 4 KiB of 'u' written at 256 KiB (1 MiB of holes instead,
+// where the file system cannot allocate without writing).
+func WriteUnwritten(t testing.TB, name string) {
+	t.Helper()
+	f, err := os.Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	// Without extents (ext2, ext3) there is nothing to allocate unwritten:
+	// the same bytes, with holes.
+	err = unix.Fallocate(int(f.Fd()), 0, 0, 1<<20)
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		err = f.Truncate(1 << 20)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte(strings.Repeat("u", 4096)), 256<<10); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // Write fills dir with the tree: files of many sizes, sparse files,
 // symbolic links of every kind, hard links, a big directory, Unicode and
@@ -99,6 +131,7 @@ func Write(t testing.TB, dir string, o Options) {
 	sparse("sparse/hole-first", 4<<20, map[int64]int{3 << 20: 5000})
 	sparse("sparse/all-hole", 1<<20, nil)
 	sparse("sparse/unaligned", 1<<20+123, map[int64]int{70000: 10, 1 << 20: 123})
+	WriteUnwritten(t, p(UnwrittenFile))
 	if o.Big {
 		sparse(BigFile, 300<<20, map[int64]int{0: 1 << 20, 150 << 20: 1 << 20, 300<<20 - 4096: 4096})
 		// Past 4 GiB: i_size's high word, blocks past 2^32 bytes; data
