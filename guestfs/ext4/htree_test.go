@@ -11,6 +11,9 @@ import (
 // as the kernel indexed it (debugfs says how deep), and names that are
 // not there: every lookup must use the index, not fall back to a scan.
 func TestHtreeLookup(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: makes images of 10,000-entry folders")
+	}
 	requireTools(t, "debugfs")
 	for _, c := range []struct {
 		img    imageCase

@@ -189,8 +189,11 @@ func recoveredByKernel(t *testing.T, img string, noload bool) (guesttest.Tree, e
 // which proves the journal held what the test reads.
 func TestJournalReplay(t *testing.T) {
 	requireRoot(t)
-	for _, c := range journalCases {
+	for i, c := range journalCases {
 		t.Run(c.name, func(t *testing.T) {
+			if testing.Short() && i > 0 {
+				t.Skip("-short: the first case only")
+			}
 			t.Parallel()
 			img := needsRecovery(t, c)
 			logdump := command(t, "debugfs", "-R", "logdump", img)
