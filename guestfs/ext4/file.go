@@ -110,7 +110,7 @@ func (f *file) ReadAt(p []byte, off int64) (int, error) {
 		chunk := int(min(uint64(want-n), inRun))
 		if r.data() {
 			disk := int64(r.pblk)*bs + pos - int64(r.lblk)*bs
-			if err := f.readData(p[n:n+chunk], disk); err != nil {
+			if err := f.readData(p[n:n+chunk], disk, pos+int64(chunk) == size); err != nil {
 				return n, fmt.Errorf("%s: inode %d: %w", f.fs.typ, f.in.ino, err)
 			}
 		} else {
@@ -131,11 +131,12 @@ type fileBlock struct {
 
 // readData reads p from byte disk of the file system, a part of one of
 // the file's runs: straight into p, or if p is less than half a block
-// within one block, through f.small.
-func (f *file) readData(p []byte, disk int64) error {
+// within one block and does not reach the end of the file (toEOF), where
+// more small reads are likely, through f.small.
+func (f *file) readData(p []byte, disk int64, toEOF bool) error {
 	bs := int64(f.fs.sb.BlockSize)
 	pblk := uint64(disk / bs)
-	if int64(len(p)) >= bs/2 || (disk+int64(len(p))-1)/bs != disk/bs {
+	if toEOF || int64(len(p)) >= bs/2 || (disk+int64(len(p))-1)/bs != disk/bs {
 		return f.fs.dev.readAt(p, disk)
 	}
 	b := f.small.Load()
