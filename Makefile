@@ -9,8 +9,10 @@ BIN     := bin/qcowfs
 MAN     := bin/qcowfs.1
 # Packages the tests and the demo need (Debian names); nginx serves the
 # remote images of the tests, and qemu-block-extra (qemu's curl driver) is
-# their oracle for the block status of a URL.
-TEST_PKGS := fuse3 qemu-utils qemu-block-extra fdisk e2fsprogs dosfstools mtools util-linux libdeflate-dev libzstd-dev gcc groff-base systemd nginx time fio curl
+# their oracle for the block status of a URL; mtools and dosfstools are the
+# FAT reader's oracle, and xfsprogs, btrfs-progs and ntfs-3g make the file
+# systems guestfs.Probe must name and refuse.
+TEST_PKGS := fuse3 qemu-utils qemu-block-extra fdisk e2fsprogs dosfstools mtools xfsprogs btrfs-progs ntfs-3g util-linux libdeflate-dev libzstd-dev gcc groff-base systemd nginx time fio curl
 # Go programs the tests need (scripts/go-tools.sh pins their versions:
 # versitygw, the S3 server), installed into $(go env GOPATH)/bin, which
 # the tests find on PATH.
@@ -64,7 +66,8 @@ lint:
 
 # Every fuzz target (qcow2 header, image, L2 entries, compressed clusters,
 # snapshot table; partition tables; FAT boot sector, directories, whole
-# FAT partitions) for FUZZTIME seconds each. Failing
+# FAT partitions; ext2/3/4 superblock, image, inode and directory) for
+# FUZZTIME seconds each. Failing
 # inputs land in testdata/fuzz and run with every `make test` after.
 FUZZTIME ?= 30
 fuzz:

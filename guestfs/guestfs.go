@@ -48,7 +48,8 @@ func (e *FormatError) Error() string {
 func (e *FormatError) Unwrap() error { return ErrCorrupt }
 
 // Stat is what fs.FileInfo.Sys returns for every file of a guest file
-// system: the inode as the guest stores it.
+// system, as a value (info.Sys().(guestfs.Stat)): the inode as the guest
+// stores it.
 type Stat struct {
 	Ino                        uint64 // inode number (FAT: stable, from the entry's place on disk)
 	Nlink                      uint32

@@ -38,6 +38,11 @@ const (
 	maxDirBytes = 65536 * direntLen
 )
 
+// guestfs.Open hands it the partitions Probe names "vfat".
+func init() {
+	guestfs.Register("vfat", func(r io.ReaderAt, size int64) (guestfs.FS, error) { return Open(r, size) })
+}
+
 // Open reads the FAT file system in r, a partition of size bytes. It
 // checks the boot sector and reads the root directory; everything else is
 // read when asked for. A damaged boot sector or root directory is a
