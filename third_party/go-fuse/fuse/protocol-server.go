@@ -315,7 +315,40 @@ func (ps *ProtocolServer) HandleRequest(in [][]byte, out [][]byte) (int, Status)
 			cancel: make(chan struct{}),
 		},
 	}
+	return ps.protocolServer.handleIov(req, in, out)
+}
 
+// HandleRequest is [ProtocolServer.HandleRequest] for a mounted
+// Server: it serves one request that reached the daemon other than
+// through the Server's own reads of /dev/fuse (a ring entry of FUSE
+// over io_uring), with the settings the Server's INIT negotiated, and
+// with the request in the in-flight table that an INTERRUPT read from
+// /dev/fuse searches. Safe for concurrent use.
+//
+// EXPERIMENTAL: not subject to API stability.
+func (ms *Server) HandleRequest(in [][]byte, out [][]byte) (int, Status) {
+	req := ms.reqPool.Get().(*requestAlloc)
+	n, code := ms.protocolServer.handleIov(req, in, out)
+	if req.interrupted {
+		req.interrupted = false
+		req.cancel = make(chan struct{})
+	}
+	req.clear()
+	ms.reqPool.Put(req)
+	return n, code
+}
+
+// DeviceFd runs f with the mount's /dev/fuse file descriptor, which
+// stays open while f runs; it fails if the descriptor is closed
+// (the Server has stopped serving).
+//
+// EXPERIMENTAL: not subject to API stability.
+func (ms *Server) DeviceFd(f func(fd int)) error {
+	return ms.fuseFD.withFD(f)
+}
+
+// handleIov is HandleRequest with the request storage given.
+func (ps *protocolServer) handleIov(req *requestAlloc, in [][]byte, out [][]byte) (int, Status) {
 	total := iovLen(in)
 	n := copyFromIov(req.smallInputBuf[:min(total, len(req.smallInputBuf))], in, 0)
 	if n < int(unsafe.Sizeof(InHeader{})) {
@@ -374,7 +407,7 @@ func (ps *ProtocolServer) HandleRequest(in [][]byte, out [][]byte) (int, Status)
 		}
 	}
 
-	ps.protocolServer.handleRequest(h, &req.request)
+	ps.handleRequest(h, &req.request)
 	if req.suppressReply {
 		return 0, OK
 	}
@@ -425,7 +458,19 @@ func readIntoIov(rr ReadResult, dst [][]byte) (int, Status) {
 		}
 		return copyToIov(dst, slices...), OK
 	}
-	return 0, EIO
+	// Neither (a pipe of a Server's splicing read): its bytes,
+	// read into the one element there is or a buffer, then copied.
+	scratch := []byte(nil)
+	if len(dst) == 1 {
+		scratch = dst[0]
+	} else {
+		scratch = make([]byte, iovLen(dst))
+	}
+	b, code := rr.Bytes(scratch)
+	if !code.Ok() {
+		return 0, code
+	}
+	return copyToIov(dst, b), OK
 }
 
 func iovLens(in [][]byte) []int {
