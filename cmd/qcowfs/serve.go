@@ -216,7 +216,7 @@ func (s *session) mount() error {
 	}
 	// Before this mount is made, so that it does not find itself.
 	shared := c.sharedWriters()
-	server, err := c.mountFUSE(s.root, opts)
+	server, err := c.mountFUSE(s.root, opts, s.log)
 	if err != nil {
 		return err
 	}
@@ -328,12 +328,16 @@ func (s *session) shutdown() {
 // mountFUSE makes the FUSE mount. As non-root, go-fuse runs fusermount3,
 // which says why it failed on its stderr; that text becomes the error, in
 // the foreground as in the daemon (whose stderr is /dev/null).
-func (c *mountCmd) mountFUSE(root *fs.Root, opts *gofs.Options) (*fuse.Server, error) {
+func (c *mountCmd) mountFUSE(root *fs.Root, opts *gofs.Options, log *slog.Logger) (*fuse.Server, error) {
 	var restore func() string
 	if os.Geteuid() != 0 {
 		restore, _ = captureStderr()
 	}
-	server, err := fs.Mount(c.Mountpoint, root, opts)
+	ring, err := c.newRing(opts, log)
+	if err != nil {
+		return nil, err
+	}
+	server, err := fs.Mount(c.Mountpoint, root, opts, ring.afterInit(root))
 	if restore != nil {
 		said := oneLine(restore())
 		if err != nil && said != "" {
