@@ -72,7 +72,7 @@ func (l *lane) submit(op uint32) error {
 	binary.NativeEndian.PutUint16(cmd[cmdReqQID:], uint16(l.q.qid))
 	if op == cmdRegister {
 		binary.NativeEndian.PutUint64(s[16:], uint64(uintptr(unsafe.Pointer(&l.iov[0])))) // addr
-		binary.NativeEndian.PutUint32(s[24:], uint32(len(l.iov)))                        // len
+		binary.NativeEndian.PutUint32(s[24:], uint32(len(l.iov)))                         // len
 	} else {
 		binary.NativeEndian.PutUint64(cmd[cmdReqCommitID:], l.commitID)
 	}

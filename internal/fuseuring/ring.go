@@ -39,9 +39,9 @@ const (
 // params is struct io_uring_params.
 type params struct {
 	sqEntries, cqEntries, flags, sqThreadCPU, sqThreadIdle, features, wqFd uint32
-	resv                                                                  [3]uint32
-	sqOff                                                                 sqringOffsets
-	cqOff                                                                 cqringOffsets
+	resv                                                                   [3]uint32
+	sqOff                                                                  sqringOffsets
+	cqOff                                                                  cqringOffsets
 }
 
 // sqringOffsets is struct io_sqring_offsets.
