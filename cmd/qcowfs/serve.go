@@ -57,6 +57,7 @@ type session struct {
 	cfg       fs.Config // mount
 	root      *fs.Root
 	server    *fuse.Server
+	ring      *ringChoice // the FUSE-over-io_uring rings, if any (uring.go)
 	sigs, hup chan os.Signal
 
 	stopControl func() // serve; nil without a control socket
@@ -216,11 +217,11 @@ func (s *session) mount() error {
 	}
 	// Before this mount is made, so that it does not find itself.
 	shared := c.sharedWriters()
-	server, err := c.mountFUSE(s.root, opts, s.log)
+	server, ring, err := c.mountFUSE(s.root, opts, s.log)
 	if err != nil {
 		return err
 	}
-	s.server = server
+	s.server, s.ring = server, ring
 	s.root.KernelFlags(server.KernelSettings().Flags64())
 	if os.Geteuid() == 0 && c.ReadAhead > 0 {
 		if err := fs.SetReadAhead(c.Mountpoint, int(c.ReadAhead>>10)); err != nil {
@@ -312,6 +313,8 @@ func (s *session) serve() {
 		}
 	}()
 	s.server.Wait()
+	// The rings' requests too, before shutdown closes the images.
+	s.ring.wait()
 }
 
 // shutdown writes back and closes whatever is still open (after a lazy
@@ -328,29 +331,29 @@ func (s *session) shutdown() {
 // mountFUSE makes the FUSE mount. As non-root, go-fuse runs fusermount3,
 // which says why it failed on its stderr; that text becomes the error, in
 // the foreground as in the daemon (whose stderr is /dev/null).
-func (c *mountCmd) mountFUSE(root *fs.Root, opts *gofs.Options, log *slog.Logger) (*fuse.Server, error) {
+func (c *mountCmd) mountFUSE(root *fs.Root, opts *gofs.Options, log *slog.Logger) (*fuse.Server, *ringChoice, error) {
 	var restore func() string
 	if os.Geteuid() != 0 {
 		restore, _ = captureStderr()
 	}
 	ring, err := c.newRing(opts, log)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	server, err := fs.Mount(c.Mountpoint, root, opts, ring.afterInit(root))
 	if restore != nil {
 		said := oneLine(restore())
 		if err != nil && said != "" {
-			return nil, fmt.Errorf("mounting on %s: %s", c.Mountpoint, said)
+			return nil, nil, fmt.Errorf("mounting on %s: %s", c.Mountpoint, said)
 		}
 		if said != "" {
 			fmt.Fprintln(os.Stderr, said)
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("mounting on %s: %s", c.Mountpoint, oneLine(err.Error()))
+		return nil, nil, fmt.Errorf("mounting on %s: %s", c.Mountpoint, oneLine(err.Error()))
 	}
-	return server, nil
+	return server, ring, nil
 }
 
 // spareProcs gives the daemon twice as many Ps as it has (the CPUs it may

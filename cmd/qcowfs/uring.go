@@ -65,3 +65,11 @@ func (rc *ringChoice) afterInit(root *fs.Root) func(*fuse.Server) error {
 		return nil
 	}
 }
+
+// wait returns once the rings' lanes have ended, with the requests they
+// were serving.
+func (rc *ringChoice) wait() {
+	if rc != nil && rc.t != nil {
+		rc.t.Wait()
+	}
+}

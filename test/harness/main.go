@@ -49,7 +49,13 @@ func Main(m *testing.M) {
 			os.Exit(1)
 		}
 	}
+	restore, err := setUringParam()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	code := m.Run()
+	restore()
 	if raceDir != "" {
 		reports, _ := filepath.Glob(filepath.Join(raceDir, "report*"))
 		for _, r := range reports {
