@@ -258,7 +258,7 @@ func (s *session) serve() {
 		s.say("%s", line)
 	}
 	facts := mountFacts{Source: shownSource(c.Source), Mountpoint: c.Mountpoint, PID: os.Getpid(), Started: s.started, Log: s.dest.where,
-		Writable: c.Writable, Overlay: s.cfg.Overlay, TempOverlay: s.tempOverlays != "", Hint: c.refusalHint}
+		Writable: c.Writable, Overlay: s.cfg.Overlay, TempOverlay: s.tempOverlays != "", Hint: c.refusalHint, Transport: s.ring.name()}
 	if c.Writable {
 		facts.CacheMode = "writethrough"
 		if s.cfg.WritebackCache {

@@ -45,7 +45,10 @@ type mountStatus struct {
 	// CacheMode is how a writable mount's buffered writes reach the
 	// images: "writeback" (the kernel's writeback cache) or
 	// "writethrough" (--no-writeback-cache).
-	CacheMode string    `json:"cache-mode,omitempty"`
+	CacheMode string `json:"cache-mode,omitempty"`
+	// Transport is how FUSE requests reach the daemon: "io_uring"
+	// (--io-uring) or "/dev/fuse".
+	Transport string    `json:"transport"`
 	Refused   []refusal `json:"refused"`
 	// Images is the tree's counters (fs.Status: the open images with
 	// their handles and reads, the table cache, the remote client).
@@ -66,6 +69,7 @@ type mountFacts struct {
 	Log                string
 	Writable           bool
 	Overlay, CacheMode string
+	Transport          string
 	TempOverlay        bool
 	Hint               func(error) string // the flag that shows a refused image
 }
@@ -74,7 +78,7 @@ type mountFacts struct {
 // tree's counters).
 func (f mountFacts) status(refused refusalLister, stats func() any) mountStatus {
 	s := mountStatus{Source: f.Source, Mountpoint: f.Mountpoint, PID: f.PID, Started: f.Started, Log: f.Log,
-		Writable: f.Writable, Overlay: f.Overlay, TempOverlay: f.TempOverlay, CacheMode: f.CacheMode, Refused: []refusal{}}
+		Writable: f.Writable, Overlay: f.Overlay, TempOverlay: f.TempOverlay, CacheMode: f.CacheMode, Transport: f.Transport, Refused: []refusal{}}
 	if refused != nil {
 		m := refused.Refused()
 		for p, err := range m {
@@ -123,6 +127,7 @@ func (c *statusCmd) Run() error {
 	fmt.Fprintf(w, "daemon:      pid %d, up since %s (%s)\n", s.PID, s.Started.Local().Format("2006-01-02 15:04:05"), time.Since(s.Started).Round(time.Second))
 	fmt.Fprintf(w, "log:         %s\n", s.Log)
 	fmt.Fprintf(w, "mode:        %s\n", s.mode())
+	fmt.Fprintf(w, "transport:   %s\n", s.Transport)
 	if st := counters.Images; st != nil {
 		fmt.Fprintf(w, "errors:      %s\n", errorLine(st.ErrorCounts, true))
 	}

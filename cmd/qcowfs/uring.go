@@ -14,9 +14,10 @@ import (
 // A ringChoice is what --io-uring made of the kernel's offer: the rings
 // to start after INIT (nil: /dev/fuse alone).
 type ringChoice struct {
-	mode string // auto, on
-	t    *fuseuring.Transport
-	log  *slog.Logger
+	mode    string // auto, on
+	t       *fuseuring.Transport
+	serving bool // the rings started
+	log     *slog.Logger
 }
 
 // newRing sets up the rings before the mount for --io-uring=auto or on,
@@ -61,6 +62,7 @@ func (rc *ringChoice) afterInit(root *fs.Root) func(*fuse.Server) error {
 		if err := rc.t.Start(server); err != nil {
 			return rc.without(err)
 		}
+		rc.serving = true
 		rc.log.Info("serving over io_uring")
 		return nil
 	}
@@ -72,4 +74,12 @@ func (rc *ringChoice) wait() {
 	if rc != nil && rc.t != nil {
 		rc.t.Wait()
 	}
+}
+
+// name is the transport the mount serves over, for qcowfs status.
+func (rc *ringChoice) name() string {
+	if rc != nil && rc.serving {
+		return "io_uring"
+	}
+	return "/dev/fuse"
 }

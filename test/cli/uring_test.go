@@ -109,6 +109,15 @@ func TestIOUring(t *testing.T) {
 			if !tc.ring && rings != 0 {
 				t.Errorf("%d io_uring instances; want none", rings)
 			}
+			want := "/dev/fuse"
+			if tc.ring {
+				want = "io_uring"
+			}
+			var st struct{ Transport string }
+			harness.Run(t, "status", "--output=json", m.Dir).JSON(t, &st)
+			if st.Transport != want {
+				t.Errorf("qcowfs status says transport %q, want %q", st.Transport, want)
+			}
 			log := m.LogText(t)
 			if tc.line != "" && harness.CountLines(log, tc.line) != 1 {
 				t.Errorf("want one log line %q:\n%s", tc.line, log)
