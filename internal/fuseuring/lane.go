@@ -8,7 +8,6 @@ import (
 	"syscall"
 	"unsafe"
 
-	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
 
@@ -196,5 +195,3 @@ func setAffinity(cpu int) {
 	set.Set(cpu)
 	unix.SchedSetaffinity(0, &set)
 }
-
-var _ = fuse.OK
