@@ -222,6 +222,7 @@ func (s *session) mount() error {
 		return err
 	}
 	s.server, s.ring = server, ring
+	ring.report()
 	s.root.KernelFlags(server.KernelSettings().Flags64())
 	if os.Geteuid() == 0 && c.ReadAhead > 0 {
 		if err := fs.SetReadAhead(c.Mountpoint, int(c.ReadAhead>>10)); err != nil {
@@ -332,13 +333,13 @@ func (s *session) shutdown() {
 // which says why it failed on its stderr; that text becomes the error, in
 // the foreground as in the daemon (whose stderr is /dev/null).
 func (c *mountCmd) mountFUSE(root *fs.Root, opts *gofs.Options, log *slog.Logger) (*fuse.Server, *ringChoice, error) {
-	var restore func() string
-	if os.Geteuid() != 0 {
-		restore, _ = captureStderr()
-	}
 	ring, err := c.newRing(opts, log)
 	if err != nil {
 		return nil, nil, err
+	}
+	var restore func() string
+	if os.Geteuid() != 0 {
+		restore, _ = captureStderr()
 	}
 	server, err := fs.Mount(c.Mountpoint, root, opts, ring.afterInit(root))
 	if restore != nil {

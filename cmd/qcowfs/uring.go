@@ -16,7 +16,8 @@ import (
 type ringChoice struct {
 	mode    string // auto, on
 	t       *fuseuring.Transport
-	serving bool // the rings started
+	serving bool  // the rings started
+	why     error // why not, with auto
 	log     *slog.Logger
 }
 
@@ -38,14 +39,25 @@ func (c *mountCmd) newRing(opts *gofs.Options, log *slog.Logger) (*ringChoice, e
 	return rc, nil
 }
 
-// without is the ring not to be had: the mount's error with on, one log
-// line with auto.
+// without is the ring not to be had: the mount's error with on, a log
+// line with auto (report).
 func (rc *ringChoice) without(err error) error {
 	if rc.mode == "on" {
 		return fmt.Errorf("--io-uring=on: %w", err)
 	}
-	rc.log.Info("serving over /dev/fuse", "io_uring", err.Error())
+	rc.why = err
 	return nil
+}
+
+// report logs the transport the mount serves over, once it is made (not
+// while mountFUSE holds stderr for fusermount3's words).
+func (rc *ringChoice) report() {
+	switch {
+	case rc.serving:
+		rc.log.Info("serving over io_uring")
+	case rc.why != nil:
+		rc.log.Info("serving over /dev/fuse", "io_uring", rc.why.Error())
+	}
 }
 
 // afterInit starts the rings once INIT has accepted them.
@@ -63,7 +75,6 @@ func (rc *ringChoice) afterInit(root *fs.Root) func(*fuse.Server) error {
 			return rc.without(err)
 		}
 		rc.serving = true
-		rc.log.Info("serving over io_uring")
 		return nil
 	}
 }
