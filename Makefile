@@ -48,10 +48,18 @@ deps-build:
 RACE_PKGS := ./qcow2/ ./fs/ ./readahead/ ./fiemap/ ./remote/
 E2E_PKGS  := ./test/...
 OTHER_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS) $(E2E_PKGS)),$(shell $(GO) list ./...))
+# The read and write suites run a second time with every mount over FUSE
+# over io_uring (--io-uring=on): the harness switches the kernel's
+# /sys/module/fuse/parameters/enable_uring on for the run, as root, and
+# puts it back after (test/harness/uring.go). Their daemons are the plain
+# build there: the race-built ones ran the same requests in the run before,
+# and the transport's own goroutines are the same in both.
+URING_PKGS := ./test/read/ ./test/write/
 test: deps deps-go lint
 	$(GO) test -race -count=1 -timeout 30m $(RACE_PKGS)
 	PATH="$$PATH:$(GOBIN_DIR)" $(GO) test -count=1 -timeout 30m $(OTHER_PKGS)
 	PATH="$$PATH:$(GOBIN_DIR)" QCOWFS_TEST_RACE=1 $(GO) test -p 1 -count=1 -timeout 30m $(E2E_PKGS)
+	PATH="$$PATH:$(GOBIN_DIR)" QCOWFS_TEST_IO_URING=on $(GO) test -p 1 -count=1 -timeout 30m $(URING_PKGS)
 
 demo: deps build
 	@scripts/demo.sh $(BIN) $(IMAGES)

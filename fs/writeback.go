@@ -40,12 +40,21 @@ import (
 
 // Mount mounts root at dir, as go-fuse's fs.Mount does, with the node
 // file system wrapped in cachedWrites, and returns the serving server.
-func Mount(dir string, root *Root, opts *gofs.Options) (*fuse.Server, error) {
+// afterInit, if not nil, runs once the kernel's INIT is answered and
+// before the mount is used (a FUSE-over-io_uring transport registers its
+// rings then: uring.go); an error from it unmounts.
+func Mount(dir string, root *Root, opts *gofs.Options, afterInit func(*fuse.Server) error) (*fuse.Server, error) {
 	server, err := fuse.NewServer(newSelfGuard(cachedWrites{gofs.NewNodeFS(root, opts)}, root.m.log), dir, &opts.MountOptions)
 	if err != nil {
 		return nil, err
 	}
 	go server.Serve()
+	if afterInit != nil {
+		if err := afterInit(server); err != nil {
+			server.Unmount()
+			return nil, err
+		}
+	}
 	if err := server.WaitMount(); err != nil {
 		return nil, err
 	}

@@ -28,6 +28,7 @@ type mountCmd struct {
 	MetadataMemory      byteSize `default:"512M" placeholder:"SIZE" help:"Memory for the metadata images keep while open (L1, snapshot and refcount tables, metadata maps), shared by all images; an image that does not fit is not served (default: ${default})."`
 	ReadAhead           byteSize `default:"4M" placeholder:"SIZE" help:"Kernel readahead for the mount (root only; the kernel's FUSE default is 128K) (default: ${default})."`
 	ReadPath            string   `enum:"splice,copy" default:"splice" help:"How reads of uncompressed data are answered: splice (zero-copy from the image file) or copy (through a buffer)."`
+	IOUring             string   `name:"io-uring" enum:"auto,on,off" default:"auto" help:"Serve requests over FUSE over io_uring (Linux 6.14 or later, with /sys/module/fuse/parameters/enable_uring set to Y by root): auto uses it when the kernel offers it, on fails the mount when it does not, off reads /dev/fuse (default: ${default}). See FUSE over io_uring in the README."`
 	LogLevel            string   `enum:"debug,info,warn,error" default:"info" help:"Least severe log messages to keep: debug, info, warn or error."`
 	LogFile             string   `placeholder:"PATH" help:"Append the daemon's log here. Default: syslog; without syslog (no /dev/log) /run/qcowfs/MNT.log as root, $$XDG_RUNTIME_DIR/qcowfs/MNT.log otherwise; stderr with --foreground. SIGHUP reopens it."`
 	Debug               bool     `help:"Log every FUSE request and reply (very verbose)."`

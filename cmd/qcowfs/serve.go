@@ -59,6 +59,7 @@ type session struct {
 	cfg       fs.Config // mount
 	root      *fs.Root
 	server    *fuse.Server
+	ring      *ringChoice // the FUSE-over-io_uring rings, if any (uring.go)
 	sigs, hup chan os.Signal
 
 	stopControl func() // serve; nil without a control socket
@@ -226,11 +227,12 @@ func (s *session) mount() error {
 	}
 	// Before this mount is made, so that it does not find itself.
 	shared := c.sharedWriters()
-	server, err := c.mountFUSE(s.root, opts)
+	server, ring, err := c.mountFUSE(s.root, opts, s.log)
 	if err != nil {
 		return err
 	}
-	s.server = server
+	s.server, s.ring = server, ring
+	ring.report()
 	s.root.KernelFlags(server.KernelSettings().Flags64())
 	if os.Geteuid() == 0 && c.ReadAhead > 0 {
 		if err := fs.SetReadAhead(c.Mountpoint, int(c.ReadAhead>>10)); err != nil {
@@ -295,7 +297,7 @@ func (s *session) serve() {
 	}
 	facts := mountFacts{Source: shownSource(c.Source), Mountpoint: c.Mountpoint, PID: os.Getpid(), Started: s.started, Log: s.dest.where,
 		Writable: c.Writable, Overlay: s.cfg.Overlay, TempOverlay: s.tempOverlays != "", Hint: c.refusalHint,
-		Offline: c.Offline, CacheDir: c.CacheDir}
+		Offline: c.Offline, CacheDir: c.CacheDir, Transport: s.ring.name()}
 	if c.Writable {
 		facts.CacheMode = "writethrough"
 		if s.cfg.WritebackCache {
@@ -350,6 +352,8 @@ func (s *session) serve() {
 		}
 	}()
 	s.server.Wait()
+	// The rings' requests too, before shutdown closes the images.
+	s.ring.wait()
 }
 
 // shutdown writes back and closes whatever is still open (after a lazy
@@ -366,25 +370,29 @@ func (s *session) shutdown() {
 // mountFUSE makes the FUSE mount. As non-root, go-fuse runs fusermount3,
 // which says why it failed on its stderr; that text becomes the error, in
 // the foreground as in the daemon (whose stderr is /dev/null).
-func (c *mountCmd) mountFUSE(root *fs.Root, opts *gofs.Options) (*fuse.Server, error) {
+func (c *mountCmd) mountFUSE(root *fs.Root, opts *gofs.Options, log *slog.Logger) (*fuse.Server, *ringChoice, error) {
+	ring, err := c.newRing(opts, log)
+	if err != nil {
+		return nil, nil, err
+	}
 	var restore func() string
 	if os.Geteuid() != 0 {
 		restore, _ = captureStderr()
 	}
-	server, err := fs.Mount(c.Mountpoint, root, opts)
+	server, err := fs.Mount(c.Mountpoint, root, opts, ring.afterInit(root))
 	if restore != nil {
 		said := oneLine(restore())
 		if err != nil && said != "" {
-			return nil, fmt.Errorf("mounting on %s: %s", c.Mountpoint, said)
+			return nil, nil, fmt.Errorf("mounting on %s: %s", c.Mountpoint, said)
 		}
 		if said != "" {
 			fmt.Fprintln(os.Stderr, said)
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("mounting on %s: %s", c.Mountpoint, oneLine(err.Error()))
+		return nil, nil, fmt.Errorf("mounting on %s: %s", c.Mountpoint, oneLine(err.Error()))
 	}
-	return server, nil
+	return server, ring, nil
 }
 
 // spareProcs gives the daemon twice as many Ps as it has (the CPUs it may

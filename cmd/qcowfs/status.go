@@ -48,9 +48,12 @@ type mountStatus struct {
 	CacheMode string `json:"cache-mode,omitempty"`
 	// Offline: a remote image served from the disk cache in CacheDir
 	// alone (--offline).
-	Offline  bool      `json:"offline,omitempty"`
-	CacheDir string    `json:"cache-dir,omitempty"`
-	Refused  []refusal `json:"refused"`
+	Offline  bool   `json:"offline,omitempty"`
+	CacheDir string `json:"cache-dir,omitempty"`
+	// Transport is how FUSE requests reach the daemon: "io_uring"
+	// (--io-uring) or "/dev/fuse".
+	Transport string    `json:"transport"`
+	Refused   []refusal `json:"refused"`
 	// ReadOnly are the images a writable mount shows read-only, and
 	// why.
 	ReadOnly []readOnlyImage `json:"read-only"`
@@ -78,6 +81,7 @@ type mountFacts struct {
 	Log                string
 	Writable           bool
 	Overlay, CacheMode string
+	Transport          string
 	TempOverlay        bool
 	Offline            bool
 	CacheDir           string
@@ -88,7 +92,7 @@ type mountFacts struct {
 // tree's counters).
 func (f mountFacts) status(refused refusalLister, readOnly readOnlyLister, stats func() any) mountStatus {
 	s := mountStatus{Source: f.Source, Mountpoint: f.Mountpoint, PID: f.PID, Started: f.Started, Log: f.Log,
-		Writable: f.Writable, Overlay: f.Overlay, TempOverlay: f.TempOverlay, CacheMode: f.CacheMode, Refused: []refusal{},
+		Writable: f.Writable, Overlay: f.Overlay, TempOverlay: f.TempOverlay, CacheMode: f.CacheMode, Transport: f.Transport, Refused: []refusal{},
 		Offline: f.Offline, CacheDir: f.CacheDir,
 		ReadOnly: []readOnlyImage{}}
 	if refused != nil {
@@ -145,6 +149,7 @@ func (c *statusCmd) Run() error {
 	fmt.Fprintf(w, "daemon:      pid %d, up since %s (%s)\n", s.PID, s.Started.Local().Format("2006-01-02 15:04:05"), time.Since(s.Started).Round(time.Second))
 	fmt.Fprintf(w, "log:         %s\n", s.Log)
 	fmt.Fprintf(w, "mode:        %s\n", s.mode())
+	fmt.Fprintf(w, "transport:   %s\n", s.Transport)
 	if st := counters.Images; st != nil {
 		fmt.Fprintf(w, "errors:      %s\n", errorLine(st.ErrorCounts, true))
 	}

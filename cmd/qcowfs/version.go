@@ -30,8 +30,13 @@ func (versionCmd) Run() error {
 		for _, d := range bi.Deps {
 			if d.Path == "github.com/hanwen/go-fuse/v2" {
 				fuseVersion = d.Version
-				if d.Replace != nil {
-					fuseVersion += " => " + d.Replace.Path + " " + d.Replace.Version
+				if r := d.Replace; r != nil {
+					// A folder (third_party/go-fuse, patched) has
+					// no version of its own.
+					fuseVersion += " => " + r.Path
+					if r.Version != "" && r.Version != "(devel)" {
+						fuseVersion += " " + r.Version
+					}
 				}
 			}
 		}

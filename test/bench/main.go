@@ -130,6 +130,9 @@ func bench(ctx context.Context, cfg config, repo string) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("needs root: FUSE mounts, loop devices, dropping caches")
 	}
+	restore, uring := uringOn()
+	defer restore()
+	fmt.Println(uring)
 	start := time.Now()
 	e, err := newEnv(ctx, cfg)
 	if err != nil {

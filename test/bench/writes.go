@@ -57,7 +57,7 @@ var hostBytes = metric{name: "host bytes per guest byte", unit: "x", lower: true
 }}
 
 func writeWorkloads() []*workload {
-	who, big := []string{"raw", "qcowfs", "qemu"}, []string{"raw", "qcowfs", "qemu", "qemu-tuned"}
+	who, big := []string{"raw", "qcowfs", "qcowfs-devfuse", "qemu"}, []string{"raw", "qcowfs", "qemu", "qemu-tuned"}
 	fioMetrics := []metric{iops, p99, val("worst latency", "ms", "max", 1e-6, true), cpuPerIO}
 	ws := []*workload{
 		{id: "w-randwrite-empty", title: "fio 4 KiB random writes, 4 jobs, O_DIRECT, into an empty 8 GiB image (every write allocates)",
@@ -74,7 +74,7 @@ func writeWorkloads() []*workload {
 			verify:  checked(script(`qemu-img compare -q -f raw -F "$FMT" "$RAW" "$IMG"; echo "qemu-img compare: equal to the source"`)),
 			metrics: []metric{rate("MB/s", "", 2<<30), cpuPerGiB}},
 		{id: "w-fsync", title: "fio 4 KiB random writes, buffered, fsync after each, 1 job, into an empty 8 GiB image", fresh: 8 << 30,
-			who: []string{"raw", "qcowfs", "qcowfs-nowb", "qemu"}, cmd: fsyncJob + timed + fioState, parse: parseFio, verify: checked(fioReplay(fsyncJob)),
+			who: []string{"raw", "qcowfs", "qcowfs-devfuse", "qcowfs-nowb", "qemu"}, cmd: fsyncJob + timed + fioState, parse: parseFio, verify: checked(fioReplay(fsyncJob)),
 			metrics: []metric{iops, val("fsync p99 latency", "ms", "sync-p99", 1e-6, true)}, quick: []string{"qcowfs", "qemu"}},
 		{id: "w-guest", title: "a guest file system through a loop device: mkfs.ext4, untar 320 MiB, sync; rm 128 MiB, fstrim", fresh: 8 << 30,
 			who: []string{"raw", "qcowfs", "qcowfs-nowb", "qemu", "qemu-tuned"}, prepare: treeTar, cmd: guestWrite, verify: checked(script(guestData)),

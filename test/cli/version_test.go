@@ -27,6 +27,9 @@ func TestVersion(t *testing.T) {
 		t.Fatal("go.mod does not require github.com/hanwen/go-fuse/v2")
 	}
 	fuseVersion := string(m[1])
+	if r := regexp.MustCompile(`(?m)^replace github.com/hanwen/go-fuse/v2 => (\S+)$`).FindSubmatch(b); r != nil {
+		fuseVersion += " => " + string(r[1]) // third_party/go-fuse
+	}
 	goVersion, err := exec.Command("go", "env", "GOVERSION").Output()
 	if err != nil {
 		t.Fatal(err)
@@ -125,7 +128,7 @@ func TestHelp(t *testing.T) {
 		t.Fatal(err)
 	}
 	value := map[string]string{"SIZE": "16M", "PATH": filepath.Join(t.TempDir(), "f"), "DIR": t.TempDir(), "NAME": "x",
-		"splice": "copy", "info": "warn", "URL": "http://127.0.0.1:9", "REGION": "us-east-1", "N": "4", "DURATION": "5s", "RATE": "50M",
+		"splice": "copy", "auto": "off", "info": "warn", "URL": "http://127.0.0.1:9", "REGION": "us-east-1", "N": "4", "DURATION": "5s", "RATE": "50M",
 		"FILE": key}
 	args := []string{"mount"}
 	var opts []string

@@ -66,7 +66,7 @@ func (d Daemon) TryMount(t testing.TB, src string, args ...string) (*Mounted, st
 	t.Helper()
 	RequireFUSE(t)
 	m := &Mounted{Dir: t.TempDir(), Log: filepath.Join(t.TempDir(), "qcowfs.log")}
-	all := append(append([]string{"mount", "--log-file", m.Log, "--log-level", "debug"}, args...), src, m.Dir)
+	all := append(append(append([]string{"mount", "--log-file", m.Log, "--log-level", "debug"}, transportFlags()...), args...), src, m.Dir)
 	qcowfs, env := bin, d.Env
 	if d.Racy && raceBin != "" {
 		qcowfs = raceBin
