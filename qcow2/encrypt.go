@@ -59,23 +59,6 @@ func (img *Image) Encryption(passphrase []byte) (e *Encryption, ok bool) {
 	return e, true
 }
 
-// A KeyError says why an encrypted image cannot be opened: no passphrase
-// was given for it, or the one given opens none of its key slots. It wraps
-// ErrKey.
-type KeyError struct {
-	File    string
-	Missing bool // no passphrase given (else a wrong one)
-}
-
-func (e *KeyError) Error() string {
-	if e.Missing {
-		return fmt.Sprintf("%s: encrypted: no key given", e.File)
-	}
-	return fmt.Sprintf("%s: encrypted: wrong passphrase", e.File)
-}
-
-func (e *KeyError) Unwrap() error { return ErrKey }
-
 // unlock makes the layer's cipher from the passphrase opts gives for its
 // file. The passphrase is cleared once used.
 func (l *layer) unlock(opts *Options) error {
