@@ -688,11 +688,11 @@ func (h *sectorHistory) checkedRanges(img *qcow2.Image, acked, issued int) [][2]
 		}
 	}
 	for off := int64(0); off < size; {
-		d, err := img.NextDataContext(context.Background(), off)
+		d, err := img.NextData(context.Background(), off)
 		if err != nil {
 			break
 		}
-		e, err := img.NextHoleContext(context.Background(), d)
+		e, err := img.NextHole(context.Background(), d)
 		if err != nil {
 			e = size
 		}

@@ -96,7 +96,7 @@
 // (block/qcow2.h, qcow2-bitmap.c) and charged to a memory budget
 // (Options.Budget) before it is allocated; every walk over tables is
 // bounded in work, cheap when tables repeat, and stops with its context
-// (the *Context methods); an image whose metadata cannot be mapped is
+// (the methods that take a context); an image whose metadata cannot be mapped is
 // refused rather than read unchecked.
 //
 // Everything hangs off the opened Image; there is no package-level state.
