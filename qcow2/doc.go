@@ -57,8 +57,10 @@
 //   - budget.go: the memory budget for structures an image file sizes.
 //   - lock.go: qemu's OFD image locks, their probing without locks, locks
 //     on raw files.
-//   - info.go, map.go: what `qcowfs info` and `qcowfs map` print.
-//   - crypt.go: describing encrypted images (legacy AES, the LUKS header).
+//   - info.go, map.go: what `qcowfs info` and `qcowfs map` print; info.go
+//     also describes an encrypted image without its key
+//     (DescribeEncrypted), from the header and the LUKS header as an open
+//     reads them.
 //   - encrypt.go: encrypted images read and written: unlocking a layer's
 //     LUKS header with Options.Passphrase, decryption in reads, encryption
 //     at the writer's data door (read-modify-write of partial sectors).

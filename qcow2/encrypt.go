@@ -74,15 +74,11 @@ func (l *layer) unlock(opts *Options) error {
 			return err
 		}
 		defer l.budget.sub(n)
-		area = make([]byte, n)
-		if err := readFull(l.file, area, off, "LUKS header"); err != nil {
+		var err error
+		if area, lh, err = readLUKSHeader(l.file, h, n); err != nil {
 			return err
 		}
 		defer clear(area)
-		var err error
-		if lh, err = luks.Parse(area, n); err != nil {
-			return luksError(l.name, off, err)
-		}
 		if err := lh.Supported(); err != nil {
 			return luksError(l.name, off, err)
 		}
@@ -137,6 +133,26 @@ func (l *layer) unlock(opts *Options) error {
 	return nil
 }
 
+// readLUKSHeader reads the first n bytes (at most all) of the LUKS header
+// area that header h's crypto header extension names in f, and parses
+// them as the start of that area (luks.Parse bounds every field against
+// the whole area). Unlocking reads the whole area, for its key material;
+// describing an image reads luks.HeaderLen bytes. readHeader has checked
+// that the area lies inside the file and within luks.MaxHeaderBytes.
+func readLUKSHeader(f HostFile, h *Header, n int64) ([]byte, *luks.Header, error) {
+	off, areaLen := int64(h.CryptoHeaderOffset), int64(h.CryptoHeaderLength)
+	area := make([]byte, min(n, areaLen))
+	if err := readFull(f, area, off, "LUKS header"); err != nil {
+		return nil, nil, err
+	}
+	lh, err := luks.Parse(area, areaLen)
+	if err != nil {
+		clear(area)
+		return nil, nil, luksError(f.Name(), off, err)
+	}
+	return area, lh, nil
+}
+
 // unlockLUKS is luks.Header.Unlock, the PBKDF2 work of an open; tests
 // count its calls (export_test.go).
 var unlockLUKS = (*luks.Header).Unlock
@@ -153,31 +169,6 @@ func luksError(file string, off int64, err error) error {
 		return &UnsupportedError{File: file, Feature: "encryption: " + ue.Error()}
 	}
 	return fmt.Errorf("%s: LUKS header: %w", file, err)
-}
-
-// info is what qemu-img info says of the layer's encryption: the format,
-// and for LUKS its header's parameters, as DescribeEncrypted reads them.
-func (lc *layerCrypt) info() *Encrypt {
-	h := lc.header
-	if h == nil {
-		return &Encrypt{Format: "aes"}
-	}
-	s := h.Spec()
-	li := &LUKSInfo{
-		CipherAlg: s.CipherAlg, CipherMode: s.CipherMode, IvgenAlg: s.IvgenAlg, IvgenHashAlg: s.IvgenHashAlg,
-		HashAlg:        s.HashAlg,
-		PayloadOffset:  int64(h.PayloadOffset) * luks.SectorSize,
-		MasterKeyIters: h.MKDigestIter,
-		UUID:           h.UUID,
-	}
-	for _, sl := range h.Slots {
-		ls := LUKSSlot{Active: sl.Active, KeyOffset: int64(sl.KeyOffset) * luks.SectorSize}
-		if sl.Active {
-			ls.Iters, ls.Stripes = ptr(sl.Iterations), ptr(sl.Stripes)
-		}
-		li.Slots = append(li.Slots, ls)
-	}
-	return &Encrypt{Format: "luks", LUKSInfo: li}
 }
 
 // sector returns the number of the sector at host offset host, guest
