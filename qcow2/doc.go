@@ -31,6 +31,9 @@
 //   - cache.go: the table cache shared by every image of a mount.
 //   - clustercache.go: the decompressed-cluster cache.
 //   - image.go: Options, Open and NewImage, the Image, ReadAt.
+//   - pin.go: the pins a read (or write) holds on the host clusters it
+//     mapped, and when a freed cluster may be reused (Image.Pin,
+//     Image.PinRange).
 //   - layer.go: one file of the chain: the layer, its L1 table, host reads.
 //   - backing.go: building the backing chain (formats, depth, loops).
 //   - opener.go: the default opener of local backing and data files, with
@@ -83,8 +86,8 @@
 //     and the refcount table's growth.
 //   - dirty.go: the dirty set, tables changed and not yet written back.
 //   - flush.go: the ordered write-back.
-//   - freeing.go: freed references and clusters, their quarantine, and the
-//     epoch pins that decide when a freed cluster may be reused.
+//   - freeing.go: freed references and clusters, their quarantine until
+//     no pin (pin.go) can see them.
 //   - hostwrite.go: every host write, sync, punch and growth of the files,
 //     checked against the metadata map; the header's writes.
 //   - sectorlock.go: whole sectors for reads that race in-place writes.
