@@ -30,6 +30,7 @@ type allocator struct {
 	ref      refFormat
 	end      int64 // first cluster index past every cluster in use (refcount > 0)
 	freeHint int64 // no free cluster below this index
+	usedEnd  int64 // first cluster index past every cluster this writer gave a refcount
 }
 
 // refFormat is how refcount entries are laid out in a refcount block.
@@ -73,7 +74,7 @@ func (w *writer) refcountAt(c int64) (uint64, error) {
 // pinned: callers that change it pin it through dirty).
 func (w *writer) refblock(off int64) (*cacheEntry, error) {
 	l := w.l
-	if off&(l.clusterSize()-1) != 0 || off > w.growth.fileEnd-l.clusterSize() {
+	if off&(l.clusterSize()-1) != 0 || off > w.host.fileEnd-l.clusterSize() {
 		return nil, &FormatError{File: l.name, Field: "refcount table entry", Value: uint64(off), Offset: -1,
 			Msg: fmt.Sprintf("refcount block offset %#x is unaligned or past the end of the file", off)}
 	}
@@ -130,7 +131,7 @@ func (w *writer) setRefcount(c int64, v uint64) error {
 	}
 	w.alloc.ref.put(t, c%w.alloc.ref.perBlock, v)
 	if v > 0 {
-		w.growth.usedEnd = max(w.growth.usedEnd, c+1)
+		w.alloc.usedEnd = max(w.alloc.usedEnd, c+1)
 	}
 	if v > 0 && c >= w.alloc.end {
 		w.alloc.end = c + 1
@@ -154,21 +155,21 @@ func (w *writer) ensureRefblock(ti int64) (int64, error) {
 	cs := w.l.clusterSize()
 	c := ti * w.alloc.ref.perBlock
 	off := c * cs
-	if err := w.reserveFile(off + cs); err != nil {
+	if err := w.host.reserveFile(off + cs); err != nil {
 		return 0, err
 	}
 	words := make([]uint64, cs/8)
 	e := w.l.cache.put(cacheKey{owner: w.l.owner, off: off}, words)
 	w.markDirty(e, MetaRefcountBlock)
 	w.alloc.ref.put(e.table, 0, 1)
-	if err := w.addMeta(off, cs, MetaRefcountBlock); err != nil {
+	if err := w.host.addMeta(off, cs, MetaRefcountBlock); err != nil {
 		return 0, err
 	}
 	w.alloc.reft.set(ti, uint64(off))
 	if c >= w.alloc.end {
 		w.alloc.end = c + 1
 	}
-	w.growth.usedEnd = max(w.growth.usedEnd, c+1)
+	w.alloc.usedEnd = max(w.alloc.usedEnd, c+1)
 	return off, nil
 }
 
@@ -202,7 +203,7 @@ func (w *writer) allocate(n int64) ([]hostRange, error) {
 		if err := w.soundBlocks(c, c+k); err != nil {
 			return nil, err
 		}
-		if err := w.reserveFile((c + k) * cs); err != nil {
+		if err := w.host.reserveFile((c + k) * cs); err != nil {
 			return nil, err
 		}
 		for i := c; i < c+k; i++ {
@@ -252,12 +253,12 @@ func (w *writer) allocateTable(n int64) (int64, error) {
 		if err := w.soundBlocks(start, end); err != nil {
 			return 0, err
 		}
-		if err := w.reserveFile(end * cs); err != nil {
+		if err := w.host.reserveFile(end * cs); err != nil {
 			return 0, err
 		}
 		for k, ti := range blocks {
 			bc := start + int64(k)
-			if err := w.addMeta(bc*cs, cs, MetaRefcountBlock); err != nil {
+			if err := w.host.addMeta(bc*cs, cs, MetaRefcountBlock); err != nil {
 				return 0, err
 			}
 			e := w.l.cache.put(cacheKey{owner: w.l.owner, off: bc * cs}, make([]uint64, cs/8))
@@ -283,7 +284,7 @@ func (w *writer) soundBlocks(start, end int64) error {
 	cs := w.l.clusterSize()
 	for ti := start / w.alloc.ref.perBlock; ti <= (end-1)/w.alloc.ref.perBlock && ti < int64(len(w.alloc.reft.words)); ti++ {
 		if off := int64(w.alloc.reft.words[ti] & reftOffsetMask); off != 0 {
-			if err := w.checkClusters("changing refcounts in", off, cs, Kinds(MetaRefcountBlock)); err != nil {
+			if err := w.host.checkClusters("changing refcounts in", off, cs, Kinds(MetaRefcountBlock)); err != nil {
 				return err
 			}
 		}
@@ -418,7 +419,7 @@ func (w *writer) growReftable(need int64) error {
 	if err := w.soundBlocks(start, areaEnd); err != nil {
 		return err
 	}
-	if err := w.reserveFile(areaEnd * cs); err != nil {
+	if err := w.host.reserveFile(areaEnd * cs); err != nil {
 		return err
 	}
 
@@ -443,10 +444,10 @@ func (w *writer) growReftable(need int64) error {
 			w.alloc.ref.put(t, c-ti*w.alloc.ref.perBlock, 1)
 		}
 		encodeWords(buf, words)
-		if err := w.addMeta(bc*cs, cs, MetaRefcountBlock); err != nil {
+		if err := w.host.addMeta(bc*cs, cs, MetaRefcountBlock); err != nil {
 			return err
 		}
-		if err := w.writeMeta(buf, bc*cs, MetaRefcountBlock); err != nil {
+		if err := w.host.writeMeta(buf, bc*cs, MetaRefcountBlock); err != nil {
 			return err
 		}
 		w.l.cache.unpin(w.l.cache.put(cacheKey{owner: l.owner, off: bc * cs}, words))
@@ -457,17 +458,17 @@ func (w *writer) growReftable(need int64) error {
 	}
 	tb := make([]byte, newLen*8)
 	encodeWords(tb, newTable)
-	if err := w.addMeta(tableStart*cs, tableClusters*cs, MetaRefcountTable); err != nil {
+	if err := w.host.addMeta(tableStart*cs, tableClusters*cs, MetaRefcountTable); err != nil {
 		return err
 	}
-	if err := w.writeMeta(tb, tableStart*cs, MetaRefcountTable); err != nil {
+	if err := w.host.writeMeta(tb, tableStart*cs, MetaRefcountTable); err != nil {
 		return err
 	}
-	if err := w.sync(); err != nil {
+	if err := w.host.sync(); err != nil {
 		return err
 	}
 	oldOff, oldClusters := w.alloc.reftOff, int64(len(w.alloc.reft.words))*8/cs
-	if err := w.updateHeader(func(h []byte) {
+	if err := w.host.updateHeader(func(h []byte) {
 		fieldRefcountTableOffset.put(h, uint64(tableStart*cs))
 		fieldRefcountTableClusters.put(h, uint64(tableClusters))
 	}); err != nil {
@@ -476,7 +477,7 @@ func (w *writer) growReftable(need int64) error {
 	w.alloc.reftOff = tableStart * cs
 	w.alloc.reft = &table{words: newTable}
 	w.alloc.end = max(w.alloc.end, areaEnd)
-	w.growth.usedEnd = max(w.growth.usedEnd, areaEnd)
+	w.alloc.usedEnd = max(w.alloc.usedEnd, areaEnd)
 	// The header no longer names the old table: its clusters are free.
 	return w.releaseTable(oldOff, oldClusters*cs, MetaRefcountTable)
 }

@@ -127,12 +127,12 @@ func (w *writer) setInUse(on bool) error {
 			f |= bitmapInUse
 		}
 		binary.BigEndian.PutUint32(b[:], f)
-		if err := w.writeMeta(b[:], tb.entry.off+12, MetaBitmapDirectory); err != nil {
+		if err := w.host.writeMeta(b[:], tb.entry.off+12, MetaBitmapDirectory); err != nil {
 			return err
 		}
 		tb.entry.flags = f
 	}
-	if err := w.sync(); err != nil {
+	if err := w.host.sync(); err != nil {
 		return err
 	}
 	bs.inUse = on
@@ -200,14 +200,14 @@ func (w *writer) storeBitmaps() error {
 					if off, err = w.allocateOne(); err != nil {
 						return err
 					}
-					if err := w.addMeta(off, cs, MetaBitmapData); err != nil {
+					if err := w.host.addMeta(off, cs, MetaBitmapData); err != nil {
 						return err
 					}
 					tb.table[j] = uint64(off)
 					tb.dirtyTable(j)
 				}
-				if err := w.writeMeta(buf, off, MetaBitmapData); err != nil {
-					return w.fail(err)
+				if err := w.host.writeMeta(buf, off, MetaBitmapData); err != nil {
+					return w.host.fail(err)
 				}
 			}
 		}
@@ -237,8 +237,8 @@ func (w *writer) writeBitmapTables() (bool, error) {
 		for i := tb.tableLo; i < tb.tableHi; i++ {
 			putWord(b[(i-tb.tableLo)*8:], tb.table[i])
 		}
-		if err := w.writeMeta(b, int64(tb.entry.tableOffset)+int64(tb.tableLo)*8, MetaBitmapTable); err != nil {
-			return true, w.fail(err)
+		if err := w.host.writeMeta(b, int64(tb.entry.tableOffset)+int64(tb.tableLo)*8, MetaBitmapTable); err != nil {
+			return true, w.host.fail(err)
 		}
 		tb.tableLo, tb.tableHi = 0, 0
 	}
@@ -295,10 +295,10 @@ func (w *writer) growBitmapTable(e *bitmapEntry, need int64) error {
 	b := make([]byte, need*8)
 	if need*8 <= oldBytes {
 		// Room in its clusters: zero the new entries, then say so.
-		if err := w.writeMeta(b[oldN*8:], oldOff+oldN*8, MetaBitmapTable); err != nil {
-			return w.fail(err)
+		if err := w.host.writeMeta(b[oldN*8:], oldOff+oldN*8, MetaBitmapTable); err != nil {
+			return w.host.fail(err)
 		}
-		if err := w.sync(); err != nil {
+		if err := w.host.sync(); err != nil {
 			return err
 		}
 		return w.writeBitmapEntry(e, oldOff, need)
@@ -324,11 +324,11 @@ func (w *writer) growBitmapTable(e *bitmapEntry, need int64) error {
 	if err != nil {
 		return err
 	}
-	if err := w.addMeta(off, clusters*cs, MetaBitmapTable); err != nil {
+	if err := w.host.addMeta(off, clusters*cs, MetaBitmapTable); err != nil {
 		return err
 	}
-	if err := w.writeMeta(b, off, MetaBitmapTable); err != nil {
-		return w.fail(err)
+	if err := w.host.writeMeta(b, off, MetaBitmapTable); err != nil {
+		return w.host.fail(err)
 	}
 	if err := w.persistRefcounts(); err != nil {
 		return err
@@ -345,10 +345,10 @@ func (w *writer) writeBitmapEntry(e *bitmapEntry, off, n int64) error {
 	var b [12]byte
 	binary.BigEndian.PutUint64(b[:], uint64(off))
 	binary.BigEndian.PutUint32(b[8:], uint32(n))
-	if err := w.writeMeta(b[:], e.off, MetaBitmapDirectory); err != nil {
+	if err := w.host.writeMeta(b[:], e.off, MetaBitmapDirectory); err != nil {
 		return err
 	}
-	if err := w.sync(); err != nil {
+	if err := w.host.sync(); err != nil {
 		return err
 	}
 	e.tableOffset, e.tableSize = uint64(off), uint32(n)

@@ -83,7 +83,7 @@ func (w *writer) writeSegment(seg []piece, data []byte, off int64, pin Pin) erro
 	if len(seg) == 1 && !seg[0].cow {
 		q := seg[0]
 		w.addHostBytes(q.n, 0)
-		return w.writeData(data[q.guest-off:q.guest-off+q.n], q.host, pin)
+		return w.host.writeData(data[q.guest-off:q.guest-off+q.n], q.host, pin)
 	}
 	bp := getBuf(int(total))
 	defer putBuf(bp)
@@ -106,7 +106,7 @@ func (w *writer) writeSegment(seg []piece, data []byte, off int64, pin Pin) erro
 		cow += q.n
 	}
 	w.addHostBytes(total, cow)
-	return w.writeData(buf, start, pin)
+	return w.host.writeData(buf, start, pin)
 }
 
 func (w *writer) addHostBytes(n, cow int64) {

@@ -37,11 +37,11 @@ func (w *writer) dirtyTable(off int64, kind MetaKind) (*table, error) {
 	l := w.l
 	if d, ok := w.dirty.tables[off]; ok {
 		if d.kind != kind {
-			return nil, w.checkOverlap(off, l.clusterSize(), Kinds(kind))
+			return nil, w.host.checkOverlap(off, l.clusterSize(), Kinds(kind))
 		}
 		return d.e.table, nil
 	}
-	if err := w.checkOverlap(off, l.clusterSize(), Kinds(kind)); err != nil {
+	if err := w.host.checkOverlap(off, l.clusterSize(), Kinds(kind)); err != nil {
 		return nil, err
 	}
 	e, err := l.cache.pin(cacheKey{owner: l.owner, off: off}, func() ([]uint64, error) {

@@ -208,11 +208,10 @@ func (l *layer) readDecrypted(p []byte, off, guest int64) error {
 // encrypted returns a copy of b, guest data for host offset off,
 // encrypted, in a buffer of the pool (the caller puts it back). b and off
 // are whole sectors.
-func (w *writer) encrypted(b []byte, off int64) *[]byte {
+func (lc *layerCrypt) encrypted(b []byte, off int64) *[]byte {
 	bp := getBuf(len(b))
 	buf := (*bp)[:len(b)]
 	copy(buf, b)
-	lc := w.l.crypt
 	lc.c.Encrypt(buf, lc.sector(off, 0))
 	return bp
 }

@@ -40,7 +40,7 @@ func (img *Image) Flush() error {
 // flushLocked writes dirty metadata back in the order above, then lets the
 // removed references' clusters go. A failure sticks (writer.fail).
 func (w *writer) flushLocked() error {
-	if err := w.usable(); err != nil {
+	if err := w.host.usable(); err != nil {
 		return err
 	}
 	w.st.flushes.Add(1)
@@ -59,11 +59,11 @@ func (w *writer) flushLocked() error {
 	}
 	// 1. Refcount blocks, then sync with the data.
 	for _, e := range blocks {
-		if err := w.writeTable(e, MetaRefcountBlock); err != nil {
-			return w.fail(err)
+		if err := w.host.writeTable(e, MetaRefcountBlock); err != nil {
+			return w.host.fail(err)
 		}
 	}
-	if err := w.syncAll(); err != nil {
+	if err := w.host.syncAll(); err != nil {
 		return err
 	}
 	// 2. The refcount table's new entries.
@@ -77,11 +77,11 @@ func (w *writer) flushLocked() error {
 	}
 	if len(l2s) > 0 || wrote {
 		for _, e := range l2s {
-			if err := w.writeTable(e, MetaL2); err != nil {
-				return w.fail(err)
+			if err := w.host.writeTable(e, MetaL2); err != nil {
+				return w.host.fail(err)
 			}
 		}
-		if err := w.sync(); err != nil {
+		if err := w.host.sync(); err != nil {
 			return err
 		}
 	}
@@ -92,10 +92,10 @@ func (w *writer) flushLocked() error {
 		for i := w.dirty.l1Lo; i < w.dirty.l1Hi; i++ {
 			putWord(buf[(i-w.dirty.l1Lo)*8:], uint64(t.entry(i)))
 		}
-		if err := w.writeMeta(buf, t.off+w.dirty.l1Lo*8, MetaL1); err != nil {
-			return w.fail(err)
+		if err := w.host.writeMeta(buf, t.off+w.dirty.l1Lo*8, MetaL1); err != nil {
+			return w.host.fail(err)
 		}
-		if err := w.sync(); err != nil {
+		if err := w.host.sync(); err != nil {
 			return err
 		}
 		w.dirty.l1 = false
@@ -109,8 +109,8 @@ func (w *writer) flushLocked() error {
 	if err := w.releaseFreed(); err != nil {
 		return err
 	}
-	if w.growth.short {
-		w.giveBack()
+	if w.host.ranShort() {
+		w.host.giveBack(w.alloc.usedEnd)
 	}
 	return nil
 }
@@ -133,7 +133,7 @@ func (w *writer) persistRefcounts() error {
 	if err := w.writeRefblocks(); err != nil {
 		return err
 	}
-	if err := w.sync(); err != nil {
+	if err := w.host.sync(); err != nil {
 		return err
 	}
 	return w.writeReftable()
@@ -143,8 +143,8 @@ func (w *writer) persistRefcounts() error {
 func (w *writer) writeRefblocks() error {
 	for _, d := range w.dirty.tables {
 		if d.kind == MetaRefcountBlock {
-			if err := w.writeTable(d.e, MetaRefcountBlock); err != nil {
-				return w.fail(err)
+			if err := w.host.writeTable(d.e, MetaRefcountBlock); err != nil {
+				return w.host.fail(err)
 			}
 		}
 	}
@@ -157,8 +157,8 @@ func (w *writer) writeReftable() error {
 	if w.alloc.reft.dirtyLo >= w.alloc.reft.dirtyHi {
 		return nil
 	}
-	if err := w.writeWords(w.alloc.reft, w.alloc.reftOff, MetaRefcountTable); err != nil {
-		return w.fail(err)
+	if err := w.host.writeWords(w.alloc.reft, w.alloc.reftOff, MetaRefcountTable); err != nil {
+		return w.host.fail(err)
 	}
-	return w.sync()
+	return w.host.sync()
 }

@@ -18,7 +18,6 @@ import "fmt"
 type freeLists struct {
 	pending    []freeing
 	quarantine []quarantined
-	zeroed     map[int64]bool // freed clusters punched: they read zeros
 }
 
 // freeing is a reference the writer removed in memory: once that removal
@@ -48,7 +47,7 @@ func (w *writer) free(first, n int64, kind MetaKind) error {
 		return err
 	}
 	if kind != 0 {
-		w.l.metaMap.Store(w.l.metaMap.Load().without(first*cs, (first+n)*cs, kind))
+		w.host.dropMeta(first*cs, n*cs, kind)
 	}
 	if k := len(w.frees.pending); k > 0 && w.frees.pending[k-1].first+w.frees.pending[k-1].n == first {
 		w.frees.pending[k-1].n += n
@@ -71,7 +70,7 @@ func (w *writer) freeable(first, n int64, kind MetaKind) error {
 	if kind == MetaL2 {
 		allowed = Kinds(MetaL2, MetaSnapshotL2) // shared with a snapshot
 	}
-	if err := w.checkClusters("freeing", first*cs, n*cs, allowed); err != nil {
+	if err := w.host.checkClusters("freeing", first*cs, n*cs, allowed); err != nil {
 		return err
 	}
 	for c := first; c < first+n; c++ {
@@ -81,7 +80,7 @@ func (w *writer) freeable(first, n int64, kind MetaKind) error {
 			off = int64(w.alloc.reft.words[ti] & reftOffsetMask)
 		}
 		if off != 0 {
-			if err := w.checkClusters("changing refcounts in", off, cs, Kinds(MetaRefcountBlock)); err != nil {
+			if err := w.host.checkClusters("changing refcounts in", off, cs, Kinds(MetaRefcountBlock)); err != nil {
 				return err
 			}
 		}
@@ -92,7 +91,7 @@ func (w *writer) freeable(first, n int64, kind MetaKind) error {
 		if rc == 0 {
 			err := &FormatError{File: w.l.name, Field: "refcount", Value: 0, Offset: -1,
 				Msg: fmt.Sprintf("cluster %#x is referenced but has refcount 0: the image is corrupt; it is marked so and no longer written", c*cs)}
-			w.markCorrupt(err)
+			w.host.markCorrupt(err)
 			return err
 		}
 	}
@@ -102,7 +101,7 @@ func (w *writer) freeable(first, n int64, kind MetaKind) error {
 // tableReleasable checks, before a table is replaced, that releaseTable
 // will be able to give its clusters back.
 func (w *writer) tableReleasable(off, n int64, kind MetaKind) error {
-	return w.checkClusters("freeing", off, n, Kinds(kind))
+	return w.host.checkClusters("freeing", off, n, Kinds(kind))
 }
 
 // releaseTable gives back the clusters of a table of the given kind at
@@ -113,7 +112,7 @@ func (w *writer) releaseTable(off, n int64, kind MetaKind) error {
 	if err := w.tableReleasable(off, n, kind); err != nil {
 		return err
 	}
-	w.l.metaMap.Store(w.l.metaMap.Load().without(off, off+n, kind))
+	w.host.dropMeta(off, n, kind)
 	cs := w.l.clusterSize()
 	for c := off / cs; c < (off+n+cs-1)/cs; c++ {
 		if err := w.decref(c); err != nil {
@@ -148,7 +147,7 @@ func (w *writer) releaseFreed() error {
 		for c := f.first; c < f.first+f.n; c++ {
 			rc, err := w.refcountAt(c)
 			if err != nil {
-				return w.fail(err)
+				return w.host.fail(err)
 			}
 			switch {
 			case rc == 0:
@@ -157,13 +156,13 @@ func (w *writer) releaseFreed() error {
 				// since?): corrupt, and nothing is written.
 				err := &FormatError{File: w.l.name, Field: "refcount", Value: 0, Offset: -1,
 					Msg: fmt.Sprintf("cluster %#x was referenced but has refcount 0: the image is corrupt; it is marked so and no longer written", c*w.l.clusterSize())}
-				w.markCorrupt(err)
+				w.host.markCorrupt(err)
 				return err
 			case rc == 1:
 				w.frees.quarantine = append(w.frees.quarantine, quarantined{c: c, tag: tag})
 			default:
 				if err := w.setRefcount(c, rc-1); err != nil {
-					return w.fail(err)
+					return w.host.fail(err)
 				}
 			}
 		}
@@ -175,7 +174,6 @@ func (w *writer) releaseFreed() error {
 // refcount drops to zero, their host range is punched (so it reads zeros),
 // and the allocator may use them again.
 func (w *writer) reclaim() error {
-	cs := w.l.clusterSize()
 	epoch := w.img.pins.settle()
 	keep := w.frees.quarantine[:0]
 	for _, q := range w.frees.quarantine {
@@ -183,24 +181,15 @@ func (w *writer) reclaim() error {
 			keep = append(keep, q)
 			continue
 		}
-		// A cluster that holds metadata is never punched, whatever
-		// its refcount says.
-		if err := w.checkClusters("punching", q.c*cs, cs, 0); err != nil {
+		// Punched first: a cluster that holds metadata is refused
+		// there (the image is corrupt) before its refcount changes.
+		if err := w.host.punch(q.c); err != nil {
 			return err
 		}
 		if err := w.setRefcount(q.c, 0); err != nil {
-			return w.fail(err)
+			return w.host.fail(err)
 		}
 		w.alloc.freeHint = min(w.alloc.freeHint, q.c)
-		switch err := w.f.Punch(q.c*cs, cs); {
-		case err == nil:
-			// It reads zeros now: copy-on-write may skip zeros in it.
-			w.markZeroed(q.c)
-		case !unsupported(err):
-			return w.fail(err)
-		}
-		// (Without punch support it keeps its old bytes, and
-		// copy-on-write writes its zeros.)
 	}
 	w.frees.quarantine = keep
 	return nil
@@ -217,15 +206,5 @@ func (w *writer) unallocate(plans []clusterPlan) {
 			w.behind.wait(pl.host, pl.host+cs)
 			w.frees.quarantine = append(w.frees.quarantine, quarantined{c: pl.host / cs, tag: tag})
 		}
-	}
-}
-
-// markZeroed records that cluster c reads zeros on the host.
-func (w *writer) markZeroed(c int64) {
-	if w.frees.zeroed == nil {
-		w.frees.zeroed = map[int64]bool{}
-	}
-	if len(w.frees.zeroed) < 1<<16 {
-		w.frees.zeroed[c] = true
 	}
 }

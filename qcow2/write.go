@@ -81,7 +81,7 @@ func (img *Image) readOnly() error {
 // first start succeeds, every start tries again: one that failed (a full
 // host disk) must not let the next write go ahead without in_use.
 func (w *writer) start(off, n int64) error {
-	if err := w.usable(); err != nil {
+	if err := w.host.usable(); err != nil {
 		return err
 	}
 	w.mu.Lock()
@@ -106,22 +106,22 @@ func (w *writer) cleanHeader() error {
 	// end). (Not further: refcounts past that are a damaged image's.)
 	// Likewise a data file covers the whole disk.
 	cs := w.l.clusterSize()
-	if err := w.reserveFile(min(w.alloc.end*cs, (w.l.fsize()+cs-1)&^(cs-1))); err != nil {
+	if err := w.host.reserveFile(min(w.alloc.end*cs, (w.l.fsize()+cs-1)&^(cs-1))); err != nil {
 		return err
 	}
-	if err := w.growDataFile(); err != nil {
+	if err := w.host.growDataFile(); err != nil {
 		return err
 	}
 	if w.l.hdr.Version < 3 {
 		return nil
 	}
-	auto := w.headerField(fieldAutoclearFeatures)
+	auto := w.host.headerField(fieldAutoclearFeatures)
 	keep := auto & AutoclearDataFileRaw
 	if w.bitmaps.dir != nil {
 		keep |= auto & AutoclearBitmaps // kept true (bitmapwrite.go)
 	}
 	if keep != auto {
-		if err := w.updateHeader(func(h []byte) { fieldAutoclearFeatures.put(h, keep) }); err != nil {
+		if err := w.host.updateHeader(func(h []byte) { fieldAutoclearFeatures.put(h, keep) }); err != nil {
 			return err
 		}
 	}
@@ -158,7 +158,7 @@ func (w *writer) writeRun(p []byte, off int64) (int, error) {
 	w.sectors.lock(off, off+n)
 	k, host, err := w.inPlaceRun(off, n)
 	if err == nil && k > 0 {
-		err = w.writeData(p[:k], host, pin)
+		err = w.host.writeData(p[:k], host, pin)
 		w.sectors.unlock(off, off+n, true)
 		pin.Release()
 		if err != nil {
@@ -225,7 +225,7 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 	defer w.mu.Unlock()
 	w.hold(first*cs, (last+1)*cs)
 	defer w.unhold(first*cs, (last+1)*cs)
-	if err := w.usable(); err != nil {
+	if err := w.host.usable(); err != nil {
 		return 0, err
 	}
 
@@ -270,11 +270,9 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 				if runs[0].start += cs; runs[0].start == runs[0].end {
 					runs = runs[1:]
 				}
-				c := host / cs
 				// (A host range that reads zeros is no zero data in an
 				// encrypted image: nothing is skipped there.)
-				pl.host, pl.zeroed = host, (c >= w.growth.zeroFrom || w.frees.zeroed[c]) && l.crypt == nil
-				delete(w.frees.zeroed, c)
+				pl.host, pl.zeroed = host, w.host.clusterReadsZero(host/cs) && l.crypt == nil
 			}
 		}
 	}
@@ -302,10 +300,11 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 		return 0, err
 	}
 	if l.external() {
+		end := int64(0)
 		for _, pl := range plans {
-			w.growth.dataEnd = max(w.growth.dataEnd, pl.host+min(cs, l.vsize()-pl.g*cs))
+			end = max(end, pl.host+min(cs, l.vsize()-pl.g*cs))
 		}
-		l.dataLen.Store(max(l.dataLen.Load(), w.growth.dataEnd))
+		w.host.dataWritten(end)
 	}
 	w.img.invalidate(off, written)
 	if w.dirty.bytes > maxDirtyBytes {
@@ -406,11 +405,11 @@ func (img *Image) Resize(size int64) error {
 	}
 	t := l.l1.Load()
 	if need <= t.len() {
-		if err := w.updateHeader(func(h []byte) { fieldSize.put(h, uint64(size)) }); err != nil {
+		if err := w.host.updateHeader(func(h []byte) { fieldSize.put(h, uint64(size)) }); err != nil {
 			return err
 		}
 		l.virtSize.Store(size)
-		return w.growDataFile()
+		return w.host.growDataFile()
 	}
 	// A new L1 table, all entries of the old one and zeros. The old one
 	// is given back once the header names the new one: check first that
@@ -430,10 +429,10 @@ func (img *Image) Resize(size int64) error {
 	}
 	buf := make([]byte, len(entries)*8)
 	encodeWords(buf, entries)
-	if err := w.addMeta(off, clusters*cs, MetaL1); err != nil {
+	if err := w.host.addMeta(off, clusters*cs, MetaL1); err != nil {
 		return err
 	}
-	if err := w.writeMeta(buf, off, MetaL1); err != nil {
+	if err := w.host.writeMeta(buf, off, MetaL1); err != nil {
 		return err
 	}
 	// The new table and its refcounts, with the refcount table entries
@@ -443,7 +442,7 @@ func (img *Image) Resize(size int64) error {
 	}
 	// The header as it is now: allocating the table may have grown the
 	// refcount table, which switched the header already.
-	if err := w.updateHeader(func(h []byte) {
+	if err := w.host.updateHeader(func(h []byte) {
 		fieldSize.put(h, uint64(size))
 		fieldL1Size.put(h, uint64(need))
 		fieldL1TableOffset.put(h, uint64(off))
@@ -452,7 +451,7 @@ func (img *Image) Resize(size int64) error {
 	}
 	l.l1.Store(&l1Table{off: off, entries: entries[:need]})
 	l.virtSize.Store(size)
-	if err := w.growDataFile(); err != nil {
+	if err := w.host.growDataFile(); err != nil {
 		return err
 	}
 	// The header names the new table: the old one's clusters are free.

@@ -83,7 +83,7 @@ func (w *writer) ownedL2(l1i int64) (*table, int64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	if err := w.addMeta(noff, cs, MetaL2); err != nil {
+	if err := w.host.addMeta(noff, cs, MetaL2); err != nil {
 		return nil, 0, err
 	}
 	ce := l.cache.put(cacheKey{owner: l.owner, off: noff}, words)
@@ -137,7 +137,7 @@ func (w *writer) plan(g, idx int64, e l2Entry, a, b int64) (clusterPlan, error) 
 		p.host = g * cs
 		// Past the data file's size at open it reads zeros until
 		// written (grown with truncate, or never reached).
-		p.zeroed = p.host >= w.growth.dataZeroFrom && l.crypt == nil
+		p.zeroed = w.host.dataReadsZero(p.host) && l.crypt == nil
 	case owned:
 		h, err := w.dataCluster(e, g)
 		if err != nil {
@@ -270,6 +270,6 @@ func (w *writer) dataCluster(e l2Entry, g int64) (int64, error) {
 	}
 	err := &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: -1,
 		Msg: fmt.Sprintf("data cluster offset %#x unaligned (guest offset: %#x): the image is corrupt; it is marked so and no longer written", h, g<<l.clusterBits)}
-	w.markCorrupt(err)
+	w.host.markCorrupt(err)
 	return 0, err
 }

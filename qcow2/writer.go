@@ -41,8 +41,6 @@ import (
 type writer struct {
 	img *Image
 	l   *layer
-	f   WritableFile // the image file
-	df  WritableFile // where data clusters live: the external data file, or f
 
 	mu      sync.Mutex
 	holds   guestHolds  // guest ranges of writes that change metadata (write.go)
@@ -50,21 +48,15 @@ type writer struct {
 	alloc   allocator   // free clusters and refcounts (alloc.go)
 	dirty   dirtySet    // tables changed and not yet written back (dirty.go)
 	frees   freeLists   // references and clusters on their way out (freeing.go)
-	growth  growth      // the files' sizes as the writer made them (hostwrite.go)
-	hdr     headerSector
-	behind  *behind    // data writes in flight (behind.go)
-	sectors *rangeLock // guest ranges read, and written in place (sectorlock.go)
-	rmw     *rangeLock // encrypted images: sectors being rewritten (encrypt.go)
+	host    *hostDoor   // every host write, sync, punch and growth; failed and corrupt (hostwrite.go)
+	behind  *behind     // data writes in flight (behind.go)
+	sectors *rangeLock  // guest ranges read, and written in place (sectorlock.go)
+	rmw     *rangeLock  // encrypted images: sectors being rewritten (encrypt.go)
 
 	headerCleaned bool // unknown autoclear bits cleared (once, at the first write)
 	modified      bool // something was written since the image was opened
 
-	// failed is sticky: a host write or sync failed, and every later
-	// flush fails. corrupt: an overlap was found, and no more writes are
-	// made at all. Both are read without mu by in-place writes.
-	failed  atomic.Pointer[error]
-	corrupt atomic.Pointer[error]
-	st      writeCounters
+	st writeCounters
 }
 
 // writeCounters are the writer's counters, atomics so that writes outside
@@ -110,28 +102,19 @@ func readOnlyReason(l *layer) string {
 // opened for writing, df its data file (nil without one).
 func openWriter(img *Image, f, df WritableFile) (*writer, error) {
 	l := img.top
-	w := &writer{img: img, l: l, f: f, df: f, behind: newBehind(), sectors: newRangeLock(), rmw: newRangeLock()}
+	w := &writer{img: img, l: l, behind: newBehind(), sectors: newRangeLock(), rmw: newRangeLock()}
 	w.dirty.tables = map[int64]dirtyEntry{}
 	w.holds.cond = sync.NewCond(&w.mu)
-	if df != nil {
-		w.df = df
-		w.growth.dataEnd = l.dataLen.Load()
-		w.growth.dataZeroFrom = (w.growth.dataEnd + l.clusterSize() - 1) &^ (l.clusterSize() - 1)
-	}
 	rt, err := l.refcountTable()
 	if err != nil {
 		return nil, err
 	}
 	w.alloc.reft = &table{words: append([]uint64(nil), rt...)}
 	w.alloc.reftOff = int64(l.hdr.RefcountTableOffset)
-	w.hdr.cur, w.hdr.buf = make([]byte, 512), make([]byte, 512)
-	if err := readFull(f, w.hdr.cur[:min(512, l.fsize())], 0, "header"); err != nil {
+	if w.host, err = newHostDoor(l, f, df, w.behind, &w.st); err != nil {
 		return nil, err
 	}
 	w.alloc.ref = newRefFormat(l.hdr.RefcountOrder, l.clusterSize())
-	cs := l.clusterSize()
-	w.growth.fileEnd = l.fsize()
-	w.growth.zeroFrom = (l.fsize() + cs - 1) / cs
 	if err := w.findEnd(); err != nil {
 		return nil, err
 	}
@@ -140,25 +123,6 @@ func openWriter(img *Image, f, df WritableFile) (*writer, error) {
 		return nil, err
 	}
 	return w, nil
-}
-
-// usable fails if the image can take no more writes.
-func (w *writer) usable() error {
-	if e := w.corrupt.Load(); e != nil {
-		return *e
-	}
-	if e := w.failed.Load(); e != nil {
-		return *e
-	}
-	return nil
-}
-
-// fail records a host I/O error: it sticks, so that every later flush of
-// the image fails too, and no acknowledged write is silently lost.
-func (w *writer) fail(err error) error {
-	sticky := fmt.Errorf("%s: an earlier write or sync failed, so writes since the last successful flush may be lost: %w", w.l.name, err)
-	w.failed.CompareAndSwap(nil, &sticky)
-	return err
 }
 
 // WriteStats counts what the writer did, for tests and the daemon's status.
@@ -209,8 +173,8 @@ func (w *writer) close() error {
 	}
 	// Whatever happens, the space taken ahead goes back: an image that
 	// failed must not keep a full host file system full.
-	defer w.giveBack()
-	if err := w.usable(); err != nil {
+	defer func() { w.host.giveBack(w.alloc.usedEnd) }()
+	if err := w.host.usable(); err != nil {
 		return err
 	}
 	for range 3 {
@@ -221,8 +185,8 @@ func (w *writer) close() error {
 			break
 		}
 	}
-	w.giveBack()
-	if err := w.sync(); err != nil {
+	w.host.giveBack(w.alloc.usedEnd)
+	if err := w.host.sync(); err != nil {
 		return err
 	}
 	// Everything is stored: the bitmaps are consistent again.

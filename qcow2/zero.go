@@ -103,7 +103,7 @@ func (w *writer) zeroClusters(off, n int64, keep bool) error {
 	defer w.mu.Unlock()
 	w.hold(off, off+n)
 	defer w.unhold(off, off+n)
-	if err := w.usable(); err != nil {
+	if err := w.host.usable(); err != nil {
 		return err
 	}
 	l1i := off >> (l.clusterBits + l.l2Bits)
@@ -158,7 +158,7 @@ func (w *writer) zeroClusters(off, n int64, keep bool) error {
 		if external {
 			// The data file: give the space back now (a raw data file
 			// must read zeros there; the entry says so too).
-			if err := w.zeroDataFile(g*cs, cs); err != nil {
+			if err := w.host.zeroDataFile(g*cs, cs); err != nil {
 				return err
 			}
 		}
