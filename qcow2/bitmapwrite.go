@@ -197,7 +197,7 @@ func (w *writer) storeBitmaps() error {
 					continue // the entry says it already
 				case off == 0:
 					var err error
-					if off, err = w.allocateOne(); err != nil {
+					if off, err = w.alloc.allocateOne(); err != nil {
 						return err
 					}
 					if err := w.host.addMeta(off, cs, MetaBitmapData); err != nil {
@@ -303,7 +303,7 @@ func (w *writer) growBitmapTable(e *bitmapEntry, need int64) error {
 		}
 		return w.writeBitmapEntry(e, oldOff, need)
 	}
-	if err := w.tableReleasable(oldOff, oldBytes, MetaBitmapTable); err != nil {
+	if err := w.frees.tableReleasable(oldOff, oldBytes, MetaBitmapTable); err != nil {
 		return err
 	}
 	old := make([]byte, oldN*8)
@@ -320,7 +320,7 @@ func (w *writer) growBitmapTable(e *bitmapEntry, need int64) error {
 		}
 	}
 	clusters := (need*8 + cs - 1) / cs
-	off, err := w.allocateTable(clusters)
+	off, err := w.alloc.allocateTable(clusters)
 	if err != nil {
 		return err
 	}
@@ -336,7 +336,7 @@ func (w *writer) growBitmapTable(e *bitmapEntry, need int64) error {
 	if err := w.writeBitmapEntry(e, off, need); err != nil {
 		return err
 	}
-	return w.releaseTable(oldOff, oldBytes, MetaBitmapTable)
+	return w.frees.releaseTable(oldOff, oldBytes, MetaBitmapTable)
 }
 
 // writeBitmapEntry switches bitmap e's directory entry to the table of n

@@ -439,6 +439,9 @@ func (d *hostDoor) giveBack(used int64) {
 	d.short = false
 }
 
+// size is the image file's size as the writer made it.
+func (d *hostDoor) size() int64 { return d.fileEnd }
+
 // ranShort reports whether the host ran short of space since the last
 // giveBack: the file is then given back to its end at the next flush.
 func (d *hostDoor) ranShort() bool { return d.short }

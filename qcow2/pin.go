@@ -70,6 +70,9 @@ func (pin Pin) dup() Pin {
 	return Pin{p: pin.p, e: pin.e}
 }
 
+// now returns the current epoch: what is freed now is tagged with it.
+func (p *pins) now() uint64 { return p.epoch.Load() }
+
 // advance moves the epoch on if the slot it would reuse has drained, and
 // returns the current epoch.
 func (p *pins) advance() uint64 {

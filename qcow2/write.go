@@ -106,7 +106,7 @@ func (w *writer) cleanHeader() error {
 	// end). (Not further: refcounts past that are a damaged image's.)
 	// Likewise a data file covers the whole disk.
 	cs := w.l.clusterSize()
-	if err := w.host.reserveFile(min(w.alloc.end*cs, (w.l.fsize()+cs-1)&^(cs-1))); err != nil {
+	if err := w.host.reserveFile(min(w.alloc.inUseEnd()*cs, (w.l.fsize()+cs-1)&^(cs-1))); err != nil {
 		return err
 	}
 	if err := w.host.growDataFile(); err != nil {
@@ -260,7 +260,7 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 		return 0, nil
 	}
 	if fresh > 0 {
-		runs, err := w.allocate(fresh)
+		runs, err := w.alloc.allocate(fresh)
 		if err != nil {
 			return 0, err
 		}
@@ -287,7 +287,7 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 	if err != nil {
 		// (A copy-on-write part that cannot be read, say.) The fresh
 		// clusters were never linked: they go back, not leak.
-		w.unallocate(plans)
+		w.frees.unallocate(plans)
 		return 0, err
 	}
 	// Linked into the table ownedL2 returned: the writer owns it, and
@@ -307,7 +307,7 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 		w.host.dataWritten(end)
 	}
 	w.img.invalidate(off, written)
-	if w.dirty.bytes > maxDirtyBytes {
+	if w.dirty.full() {
 		if err := w.flushLocked(); err != nil {
 			return int(written), err
 		}
@@ -415,11 +415,11 @@ func (img *Image) Resize(size int64) error {
 	// is given back once the header names the new one: check first that
 	// it can be.
 	oldOff, oldLen := t.off, (t.len()*8+cs-1)/cs*cs
-	if err := w.tableReleasable(oldOff, oldLen, MetaL1); err != nil {
+	if err := w.frees.tableReleasable(oldOff, oldLen, MetaL1); err != nil {
 		return err
 	}
 	clusters := (need*8 + cs - 1) / cs
-	off, err := w.allocateTable(clusters)
+	off, err := w.alloc.allocateTable(clusters)
 	if err != nil {
 		return err
 	}
@@ -455,8 +455,8 @@ func (img *Image) Resize(size int64) error {
 		return err
 	}
 	// The header names the new table: the old one's clusters are free.
-	if err := w.releaseTable(oldOff, oldLen, MetaL1); err != nil {
+	if err := w.frees.releaseTable(oldOff, oldLen, MetaL1); err != nil {
 		return err
 	}
-	return w.reclaim()
+	return w.frees.reclaim()
 }

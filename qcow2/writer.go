@@ -45,7 +45,7 @@ type writer struct {
 	mu      sync.Mutex
 	holds   guestHolds  // guest ranges of writes that change metadata (write.go)
 	bitmaps bitmapState // persistent dirty bitmaps kept true (bitmapwrite.go)
-	alloc   allocator   // free clusters and refcounts (alloc.go)
+	alloc   *allocator  // free clusters and refcounts (alloc.go)
 	dirty   dirtySet    // tables changed and not yet written back (dirty.go)
 	frees   freeLists   // references and clusters on their way out (freeing.go)
 	host    *hostDoor   // every host write, sync, punch and growth; failed and corrupt (hostwrite.go)
@@ -103,27 +103,38 @@ func readOnlyReason(l *layer) string {
 func openWriter(img *Image, f, df WritableFile) (*writer, error) {
 	l := img.top
 	w := &writer{img: img, l: l, behind: newBehind(), sectors: newRangeLock(), rmw: newRangeLock()}
-	w.dirty.tables = map[int64]dirtyEntry{}
 	w.holds.cond = sync.NewCond(&w.mu)
 	rt, err := l.refcountTable()
 	if err != nil {
 		return nil, err
 	}
-	w.alloc.reft = &table{words: append([]uint64(nil), rt...)}
-	w.alloc.reftOff = int64(l.hdr.RefcountTableOffset)
 	if w.host, err = newHostDoor(l, f, df, w.behind, &w.st); err != nil {
 		return nil, err
 	}
-	w.alloc.ref = newRefFormat(l.hdr.RefcountOrder, l.clusterSize())
-	if err := w.findEnd(); err != nil {
+	w.dirty = newDirtySet(l, w.host)
+	env := allocDoors{dirtySet: &w.dirty, hostDoor: w.host, w: w}
+	w.alloc, err = newAllocator(env, l.name, l.clusterSize(), l.hdr.RefcountOrder, append([]uint64(nil), rt...), int64(l.hdr.RefcountTableOffset), &w.st.allocations)
+	if err != nil {
 		return nil, err
 	}
+	w.frees = freeLists{l: l, alloc: w.alloc, host: w.host, pins: &img.pins, behind: w.behind}
 	if err := w.openBitmaps(); err != nil {
 		w.closeBitmaps()
 		return nil, err
 	}
 	return w, nil
 }
+
+// allocDoors is what the writer hands its allocator (allocEnv): the
+// refcount blocks of the dirty set, the host door's metadata map and file
+// space, and the writer's growth of the refcount table (reftable.go).
+type allocDoors struct {
+	*dirtySet
+	*hostDoor
+	w *writer
+}
+
+func (a allocDoors) growReftable(need int64) error { return a.w.growReftable(need) }
 
 // WriteStats counts what the writer did, for tests and the daemon's status.
 type WriteStats struct {
@@ -173,7 +184,7 @@ func (w *writer) close() error {
 	}
 	// Whatever happens, the space taken ahead goes back: an image that
 	// failed must not keep a full host file system full.
-	defer func() { w.host.giveBack(w.alloc.usedEnd) }()
+	defer func() { w.host.giveBack(w.alloc.countedEnd()) }()
 	if err := w.host.usable(); err != nil {
 		return err
 	}
@@ -181,11 +192,11 @@ func (w *writer) close() error {
 		if err := w.flushLocked(); err != nil {
 			return err
 		}
-		if len(w.frees.pending) == 0 && len(w.frees.quarantine) == 0 && len(w.dirty.tables) == 0 && !w.dirty.l1 {
+		if w.frees.empty() && w.dirty.empty() {
 			break
 		}
 	}
-	w.host.giveBack(w.alloc.usedEnd)
+	w.host.giveBack(w.alloc.countedEnd())
 	if err := w.host.sync(); err != nil {
 		return err
 	}

@@ -149,7 +149,7 @@ func (w *writer) zeroClusters(off, n int64, keep bool) error {
 		// durable (free refuses, before the change, to free metadata).
 		if !external && next.word&l2OffsetMask == 0 {
 			if first, k := w.referenced(e); k > 0 {
-				if err := w.free(first, k, 0); err != nil {
+				if err := w.frees.free(first, k, 0); err != nil {
 					return err
 				}
 			}
@@ -164,7 +164,7 @@ func (w *writer) zeroClusters(off, n int64, keep bool) error {
 		}
 	}
 	w.img.invalidate(off, n)
-	if w.dirty.bytes > maxDirtyBytes {
+	if w.dirty.full() {
 		return w.flushLocked()
 	}
 	return nil
