@@ -25,6 +25,9 @@ type guestHolds struct {
 	ranges []guestRange
 }
 
+// newGuestHolds returns the holds of a writer whose mutex is mu.
+func newGuestHolds(mu *sync.Mutex) guestHolds { return guestHolds{cond: sync.NewCond(mu)} }
+
 // maxRunBytes bounds one run of a write, so that a large write does not
 // hold a long guest range (or allocate) all at once.
 const maxRunBytes = 4 << 20
@@ -223,8 +226,8 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 	first, last := off/cs, (off+int64(len(p))-1)/cs
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.hold(first*cs, (last+1)*cs)
-	defer w.unhold(first*cs, (last+1)*cs)
+	w.holds.hold(first*cs, (last+1)*cs)
+	defer w.holds.unhold(first*cs, (last+1)*cs)
 	if err := w.host.usable(); err != nil {
 		return 0, err
 	}
@@ -316,34 +319,34 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 }
 
 // hold waits until no other operation holds any of guest range
-// [start, end), then holds it. The caller holds w.mu.
-func (w *writer) hold(start, end int64) {
+// [start, end), then holds it. The caller holds w.mu (the cond's lock).
+func (h *guestHolds) hold(start, end int64) {
 	for {
 		free := true
-		for _, s := range w.holds.ranges {
+		for _, s := range h.ranges {
 			if s.start < end && start < s.end {
 				free = false
 				break
 			}
 		}
 		if free {
-			w.holds.ranges = append(w.holds.ranges, guestRange{start, end})
+			h.ranges = append(h.ranges, guestRange{start, end})
 			return
 		}
-		w.holds.cond.Wait()
+		h.cond.Wait()
 	}
 }
 
 // unhold releases a range hold took. The caller holds w.mu.
-func (w *writer) unhold(start, end int64) {
-	for i, s := range w.holds.ranges {
+func (h *guestHolds) unhold(start, end int64) {
+	for i, s := range h.ranges {
 		if s.start == start && s.end == end {
-			w.holds.ranges[i] = w.holds.ranges[len(w.holds.ranges)-1]
-			w.holds.ranges = w.holds.ranges[:len(w.holds.ranges)-1]
+			h.ranges[i] = h.ranges[len(h.ranges)-1]
+			h.ranges = h.ranges[:len(h.ranges)-1]
 			break
 		}
 	}
-	w.holds.cond.Broadcast()
+	h.cond.Broadcast()
 }
 
 // invalidate drops what the image built from the content of guest range

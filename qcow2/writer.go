@@ -103,7 +103,7 @@ func readOnlyReason(l *layer) string {
 func openWriter(img *Image, f, df WritableFile) (*writer, error) {
 	l := img.top
 	w := &writer{img: img, l: l, behind: newBehind(), sectors: newRangeLock(), rmw: newRangeLock()}
-	w.holds.cond = sync.NewCond(&w.mu)
+	w.holds = newGuestHolds(&w.mu)
 	rt, err := l.refcountTable()
 	if err != nil {
 		return nil, err

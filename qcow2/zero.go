@@ -101,8 +101,8 @@ func (w *writer) zeroClusters(off, n int64, keep bool) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.hold(off, off+n)
-	defer w.unhold(off, off+n)
+	w.holds.hold(off, off+n)
+	defer w.holds.unhold(off, off+n)
 	if err := w.host.usable(); err != nil {
 		return err
 	}
