@@ -74,25 +74,31 @@
 //
 // The write path (only the top image of a chain is written):
 //
-//   - writer.go: opening an image for writing, the writer and its parts,
-//     why an image opens read-only.
+//   - writer.go: opening an image for writing, the writer and its parts
+//     (each a type with its own methods, below), why an image opens
+//     read-only.
 //   - write.go: WriteAt and Resize, in runs of guest clusters, and the
-//     guest ranges they hold.
+//     guest ranges they hold (guestHolds).
 //   - zero.go: Discard and WriteZeroes.
 //   - writemap.go: the write side of the cluster mapping: planning what a
 //     guest range needs, owning L2 tables, linking new clusters.
 //   - cow.go: copy-on-write of the parts of a cluster a write leaves.
-//   - alloc.go: the allocator: free clusters, refcounts, refcount blocks
-//     and the refcount table's growth.
-//   - dirty.go: the dirty set, tables changed and not yet written back.
+//   - alloc.go: the allocator (imago's Allocator): free clusters,
+//     refcounts, refcount blocks, new tables, a larger refcount table
+//     planned; what it is handed (allocEnv).
+//   - reftable.go: the refcount table's growth, step by step.
+//   - dirty.go: the dirty set, tables changed and not yet written back,
+//     walked by the flush in its order.
 //   - flush.go: the ordered write-back.
 //   - freeing.go: freed references and clusters, their quarantine until
 //     no pin (pin.go) can see them.
-//   - hostwrite.go: every host write, sync, punch and growth of the files,
-//     checked against the metadata map; the header's writes.
+//   - hostwrite.go: the host door (hostDoor): every host write, sync,
+//     punch and growth of the files, checked against the metadata map;
+//     the header's writes; the files' sizes; the failed and corrupt
+//     states.
 //   - sectorlock.go: whole sectors for reads that race in-place writes.
 //   - behind.go, direct.go: large data writes left in flight, with
-//     O_DIRECT.
+//     O_DIRECT (made by the host door).
 //   - bitmapwrite.go: persistent bitmaps kept true by writes (in_use,
 //     bits, their store in the flush order, growth).
 //
@@ -101,8 +107,8 @@
 // (block/qcow2.h, qcow2-bitmap.c) and charged to a memory budget
 // (Options.Budget) before it is allocated; every walk over tables is
 // bounded in work, cheap when tables repeat, and stops with its context
-// (the methods that take a context); an image whose metadata cannot be mapped is
-// refused rather than read unchecked.
+// (the methods that take one); an image whose metadata cannot be mapped
+// is refused rather than read unchecked.
 //
 // Everything hangs off the opened Image; there is no package-level state.
 // An Image is safe for concurrent use by many goroutines.

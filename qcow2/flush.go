@@ -38,7 +38,7 @@ func (img *Image) Flush() error {
 }
 
 // flushLocked writes dirty metadata back in the order above, then lets the
-// removed references' clusters go. A failure sticks (writer.fail).
+// removed references' clusters go. A failure sticks (hostDoor.fail).
 func (w *writer) flushLocked() error {
 	if err := w.host.usable(); err != nil {
 		return err

@@ -12,24 +12,31 @@ import (
 // read-only. An image that cannot be written safely opens read-only, and
 // Image.ReadOnlyReason says why: qcowfs shows it read-only with that line.
 //
-// The writer is made of parts, each owned by one room (file) of the write
-// path, which alone changes it:
-//   - alloc.go, the allocator: free clusters and their refcounts,
-//     refcount blocks and the refcount table's growth.
-//   - dirty.go, the dirty set: tables changed in memory and not yet
-//     written back.
-//   - freeing.go, the free lists: references whose removal waits for a
-//     flush, clusters in quarantine until no request can see them, and
-//     the pins that decide when.
-//   - hostwrite.go, the door to the host files: every write, sync, punch
-//     and growth of them, checked against the metadata map; the header;
-//     the files' sizes as the writer made them.
-//   - write.go: WriteAt, Discard, WriteZeroes, Resize, in runs of guest
-//     clusters, and the guest ranges they hold.
-//   - writemap.go, cow.go: planning and linking the clusters of a write,
-//     copy-on-write.
-//   - flush.go: the ordered write-back.
-//   - sectorlock.go, behind.go, direct.go: reads and writes in flight.
+// The writer is made of parts, each a type in its own file that holds its
+// state and acts on it; the others go through its methods (its doors),
+// never its fields:
+//   - allocator (alloc.go): free clusters and their refcounts, refcount
+//     blocks, new tables; handed an allocEnv (allocDoors below) for the
+//     refcount blocks, the metadata map, file space and the refcount
+//     table's growth.
+//   - dirtySet (dirty.go): tables changed in memory and not yet written
+//     back, and the walk the flush follows.
+//   - freeLists (freeing.go): references whose removal waits for a
+//     flush, clusters in quarantine until no pin (pin.go) can see them.
+//   - hostDoor (hostwrite.go): the door to the host files: every write,
+//     sync, punch and growth of them, checked against the metadata map;
+//     the header; the files' sizes as the writer made them; whether a
+//     write failed or found the image corrupt.
+//   - guestHolds (write.go): the guest ranges of writes that change
+//     metadata.
+//
+// The writer's own methods orchestrate them: write.go (WriteAt, Resize,
+// in runs of guest clusters), zero.go (Discard, WriteZeroes),
+// writemap.go and cow.go (planning and linking the clusters of a write,
+// copy-on-write), flush.go (the ordered write-back), reftable.go (the
+// refcount table's growth), bitmapwrite.go (persistent bitmaps);
+// sectorlock.go, behind.go and direct.go hold reads and writes in
+// flight.
 
 // writer is the write side of an image opened for writing.
 //
