@@ -287,7 +287,12 @@ func (w *writer) growBitmaps(size int64) error {
 }
 
 // growBitmapTable gives bitmap e a table of need entries (the new ones
-// zero: no data, all clean).
+// zero: no data, all clean): in its own clusters if they have room (the
+// new entries zeroed and synced before the directory says the new size),
+// else in a new table written past the clusters in use, its refcounts
+// durable with the refcount table entries naming new blocks
+// (persistRefcounts), then the directory entry switched with a synced
+// write, and only then the old table given back.
 func (w *writer) growBitmapTable(e *bitmapEntry, need int64) error {
 	cs := w.l.clusterSize()
 	oldOff, oldN := int64(e.tableOffset), int64(e.tableSize)

@@ -387,7 +387,10 @@ func putBuf(bp *[]byte) {
 const growStep = 32 << 20
 
 // reserveFile makes sure the image file reaches at least size bytes,
-// growing it ahead in large steps. The step ahead is a hint: on a host
+// growing it ahead in large steps. The allocator calls it under w.mu
+// before it hands out clusters past the old end, so that the growth comes
+// before any write into the grown range (those come after the allocation
+// returned). The step ahead is a hint: on a host
 // file system short of space it falls back to half the step, and so on
 // down to exactly size, so that a write fails with ENOSPC only when the
 // host cannot take that write (qemu-io's would fail then too); a file

@@ -367,9 +367,19 @@ func (img *Image) invalidate(off, n int64) {
 }
 
 // Resize grows the virtual disk to size bytes (a multiple of 512); the new
-// part reads as zeros. Shrinking is refused and changes nothing. A larger
-// L1 table is written elsewhere first, and the header switched to it (and
-// to the new size) with one synced write.
+// part reads as zeros. Shrinking is refused and changes nothing. In this
+// order, each step durable before the next:
+//
+//  1. the old L1 table is checked to be releasable (else corrupt, and
+//     nothing changed), and everything dirty is flushed;
+//  2. the bitmaps' tables grow to cover the new size (growBitmaps);
+//  3. a larger L1 table, if one is needed, is allocated past the clusters
+//     in use and written, with its refcounts and the refcount table
+//     entries naming new blocks (persistRefcounts);
+//  4. the header is switched to the new size (and table) with one synced
+//     write of its first sector (updateHeader);
+//  5. an external data file grows to the new size, and only then is the
+//     old L1 table given back.
 func (img *Image) Resize(size int64) error {
 	w := img.w
 	if w == nil {
