@@ -370,11 +370,12 @@ func (img *Image) invalidate(off, n int64) {
 // part reads as zeros. Shrinking is refused and changes nothing. In this
 // order, each step durable before the next:
 //
-//  1. the old L1 table is checked to be releasable (else corrupt, and
-//     nothing changed), and everything dirty is flushed;
+//  1. everything dirty is flushed;
 //  2. the bitmaps' tables grow to cover the new size (growBitmaps);
-//  3. a larger L1 table, if one is needed, is allocated past the clusters
-//     in use and written, with its refcounts and the refcount table
+//  3. if the L1 table is too small: the old one is checked to be
+//     releasable (else the image is corrupt, and nothing of the move is
+//     written), a larger one is allocated past the clusters in use and
+//     written, and its refcounts made durable with the refcount table
 //     entries naming new blocks (persistRefcounts);
 //  4. the header is switched to the new size (and table) with one synced
 //     write of its first sector (updateHeader);
