@@ -1,5 +1,10 @@
 package qcow2
 
+import (
+	"math/bits"
+	"sync"
+)
+
 // Copy-on-write: the parts of a cluster a write does not cover are filled
 // from what the cluster reads as now (its backing file, a compressed or
 // shared cluster it replaces, zeros), and written together with the guest
@@ -125,4 +130,34 @@ func (w *writer) readsZero(off, n int64) bool {
 		off += e.Length
 	}
 	return true
+}
+
+// Buffers for assembled writes, by power-of-two size class from 4 KiB.
+var bufPools [24]sync.Pool
+
+func bufClass(n int) int {
+	if n <= 4096 {
+		return 0
+	}
+	return bits.Len(uint(n-1)) - 12
+}
+
+func getBuf(n int) *[]byte {
+	c := bufClass(n)
+	if c >= len(bufPools) {
+		b := make([]byte, n)
+		return &b
+	}
+	if bp, ok := bufPools[c].Get().(*[]byte); ok {
+		return bp
+	}
+	b := make([]byte, 4096<<c)
+	return &b
+}
+
+func putBuf(bp *[]byte) {
+	c := bufClass(cap(*bp))
+	if c < len(bufPools) && cap(*bp) == 4096<<c {
+		bufPools[c].Put(bp)
+	}
 }

@@ -45,7 +45,8 @@
 //   - compress.go, inflate_go.go, inflate_libdeflate.go,
 //     inflate_libzstd.go: deflate and zstd compressed clusters, and a
 //     layer's state for reading them.
-//   - refcount.go: reading refcounts.
+//   - refcount.go: refcounts: their layout in a refcount block
+//     (refFormat), reading them.
 //   - prealloc.go: metadata preallocation detection, by refcount block.
 //   - metadata.go: the metadata map, for overlap checks.
 //   - hostranges.go: the host bytes a whole read of the disk needs
@@ -82,7 +83,8 @@
 //   - zero.go: Discard and WriteZeroes.
 //   - writemap.go: the write side of the cluster mapping: planning what a
 //     guest range needs, owning L2 tables, linking new clusters.
-//   - cow.go: copy-on-write of the parts of a cluster a write leaves.
+//   - cow.go: copy-on-write of the parts of a cluster a write leaves; the
+//     pooled buffers writes are assembled in.
 //   - alloc.go: the allocator (imago's Allocator): free clusters,
 //     refcounts, refcount blocks, new tables, a larger refcount table
 //     planned; what it is handed (allocEnv).

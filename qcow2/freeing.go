@@ -9,9 +9,9 @@ import "fmt"
 // its removal durable; then the clusters' refcounts drop. A cluster whose
 // last reference went is quarantined until no request that could still
 // map it is left (pin.go), then its range is punched, its refcount drops
-// to zero and the allocator may use it again. Nothing is freed
-// without a check against the metadata map first: a damaged entry must
-// not have a table freed and punched.
+// to zero and the allocator may use it again. Nothing is freed without a
+// check against the metadata map first: a damaged entry must not have a
+// table freed and punched.
 
 // freeLists are the writer's references and clusters on their way to
 // being free, guarded by w.mu. They drop refcounts through the allocator,

@@ -3,7 +3,6 @@ package qcow2
 import (
 	"errors"
 	"fmt"
-	"math/bits"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -345,42 +344,6 @@ func (d *hostDoor) headerField(f headerField) uint64 {
 	d.hdr.mu.Lock()
 	defer d.hdr.mu.Unlock()
 	return f.get(d.hdr.cur)
-}
-
-func putWord(b []byte, v uint64) {
-	_ = b[7]
-	b[0], b[1], b[2], b[3] = byte(v>>56), byte(v>>48), byte(v>>40), byte(v>>32)
-	b[4], b[5], b[6], b[7] = byte(v>>24), byte(v>>16), byte(v>>8), byte(v)
-}
-
-// Buffers for assembled writes, by power-of-two size class from 4 KiB.
-var bufPools [24]sync.Pool
-
-func bufClass(n int) int {
-	if n <= 4096 {
-		return 0
-	}
-	return bits.Len(uint(n-1)) - 12
-}
-
-func getBuf(n int) *[]byte {
-	c := bufClass(n)
-	if c >= len(bufPools) {
-		b := make([]byte, n)
-		return &b
-	}
-	if bp, ok := bufPools[c].Get().(*[]byte); ok {
-		return bp
-	}
-	b := make([]byte, 4096<<c)
-	return &b
-}
-
-func putBuf(bp *[]byte) {
-	c := bufClass(cap(*bp))
-	if c < len(bufPools) && cap(*bp) == 4096<<c {
-		bufPools[c].Put(bp)
-	}
 }
 
 // growStep is how far ahead of the allocations the image file is grown.
