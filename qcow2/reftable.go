@@ -8,6 +8,8 @@ package qcow2
 // need entries (specification, "refcount_table_offset"), in this order,
 // each step durable before the next:
 //
+//  0. the old table's clusters are checked to hold nothing else (else the
+//     image is corrupt, and nothing is changed);
 //  1. everything dirty is written back (flushLocked): the new table must
 //     not name blocks that are not durable;
 //  2. the new refcount blocks (counting themselves, the new table, and
