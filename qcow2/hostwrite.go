@@ -147,7 +147,7 @@ func (d *hostDoor) writeData(b []byte, off int64, pin Pin) error {
 // page-cache pages. A failure sticks like any other (fail).
 func (d *hostDoor) writeBehind(b []byte, off int64, pin Pin) bool {
 	dw, direct := directFor(d.df, b, off)
-	if !direct && (len(b) > behindSmall || d.behind.n.Load() == 0) {
+	if !direct && (len(b) > behindSmall || d.behind.idle()) {
 		return false
 	}
 	bp := getBuf(len(b))
