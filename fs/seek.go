@@ -47,12 +47,12 @@ func (h *imageHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uin
 	var err error
 	switch whence {
 	case unix.SEEK_DATA:
-		pos, err = img.NextDataContext(ctx, at)
+		pos, err = img.NextData(ctx, at)
 		if errors.Is(err, qcow2.ErrNoData) || (err == nil && pos >= end) {
 			return 0, syscall.ENXIO
 		}
 	case unix.SEEK_HOLE:
-		pos, err = img.NextHoleContext(ctx, at)
+		pos, err = img.NextHole(ctx, at)
 		pos = min(pos, end)
 	default:
 		return 0, syscall.EINVAL

@@ -207,5 +207,5 @@ func (m *mount) dataBytes(ctx context.Context, d diskID, job usageJob) (n int64,
 	defer m.release(oi)
 	ctx, cancel := context.WithTimeout(ctx, usageTimeout)
 	defer cancel()
-	return oi.image().DataBytesInContext(ctx, job.start, job.end)
+	return oi.image().DataBytesIn(ctx, job.start, job.end)
 }

@@ -42,9 +42,13 @@ const (
 	MaxHeaderBytes = 64 << 20
 )
 
+// HeaderLen is the length of the LUKS1 header proper (the phdr), before
+// any key material: the bytes Parse reads.
+const HeaderLen = 592
+
 const (
 	magic          = "LUKS\xba\xbe"
-	headerLen      = 592
+	headerLen      = HeaderLen
 	numSlots       = 8
 	slotLen        = 48
 	saltLen        = 32

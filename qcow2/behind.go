@@ -58,6 +58,9 @@ func (b *behind) overlaps(off, end int64) bool {
 	return false
 }
 
+// idle reports whether no write is in flight.
+func (b *behind) idle() bool { return b.n.Load() == 0 }
+
 // wait returns once no write in flight meets host range [off, end).
 func (b *behind) wait(off, end int64) {
 	if b == nil || b.n.Load() == 0 {

@@ -127,12 +127,12 @@ func (w *writer) setInUse(on bool) error {
 			f |= bitmapInUse
 		}
 		binary.BigEndian.PutUint32(b[:], f)
-		if err := w.writeMeta(b[:], tb.entry.off+12, MetaBitmapDirectory); err != nil {
+		if err := w.host.writeMeta(b[:], tb.entry.off+12, MetaBitmapDirectory); err != nil {
 			return err
 		}
 		tb.entry.flags = f
 	}
-	if err := w.sync(); err != nil {
+	if err := w.host.sync(); err != nil {
 		return err
 	}
 	bs.inUse = on
@@ -197,17 +197,17 @@ func (w *writer) storeBitmaps() error {
 					continue // the entry says it already
 				case off == 0:
 					var err error
-					if off, err = w.allocateOne(); err != nil {
+					if off, err = w.alloc.allocateOne(); err != nil {
 						return err
 					}
-					if err := w.addMeta(off, cs, MetaBitmapData); err != nil {
+					if err := w.host.addMeta(off, cs, MetaBitmapData); err != nil {
 						return err
 					}
 					tb.table[j] = uint64(off)
 					tb.dirtyTable(j)
 				}
-				if err := w.writeMeta(buf, off, MetaBitmapData); err != nil {
-					return w.fail(err)
+				if err := w.host.writeMeta(buf, off, MetaBitmapData); err != nil {
+					return w.host.fail(err)
 				}
 			}
 		}
@@ -237,8 +237,8 @@ func (w *writer) writeBitmapTables() (bool, error) {
 		for i := tb.tableLo; i < tb.tableHi; i++ {
 			putWord(b[(i-tb.tableLo)*8:], tb.table[i])
 		}
-		if err := w.writeMeta(b, int64(tb.entry.tableOffset)+int64(tb.tableLo)*8, MetaBitmapTable); err != nil {
-			return true, w.fail(err)
+		if err := w.host.writeMeta(b, int64(tb.entry.tableOffset)+int64(tb.tableLo)*8, MetaBitmapTable); err != nil {
+			return true, w.host.fail(err)
 		}
 		tb.tableLo, tb.tableHi = 0, 0
 	}
@@ -287,7 +287,12 @@ func (w *writer) growBitmaps(size int64) error {
 }
 
 // growBitmapTable gives bitmap e a table of need entries (the new ones
-// zero: no data, all clean).
+// zero: no data, all clean): in its own clusters if they have room (the
+// new entries zeroed and synced before the directory says the new size),
+// else in a new table written past the clusters in use, its refcounts
+// durable with the refcount table entries naming new blocks
+// (persistRefcounts), then the directory entry switched with a synced
+// write, and only then the old table given back.
 func (w *writer) growBitmapTable(e *bitmapEntry, need int64) error {
 	cs := w.l.clusterSize()
 	oldOff, oldN := int64(e.tableOffset), int64(e.tableSize)
@@ -295,15 +300,15 @@ func (w *writer) growBitmapTable(e *bitmapEntry, need int64) error {
 	b := make([]byte, need*8)
 	if need*8 <= oldBytes {
 		// Room in its clusters: zero the new entries, then say so.
-		if err := w.writeMeta(b[oldN*8:], oldOff+oldN*8, MetaBitmapTable); err != nil {
-			return w.fail(err)
+		if err := w.host.writeMeta(b[oldN*8:], oldOff+oldN*8, MetaBitmapTable); err != nil {
+			return w.host.fail(err)
 		}
-		if err := w.sync(); err != nil {
+		if err := w.host.sync(); err != nil {
 			return err
 		}
 		return w.writeBitmapEntry(e, oldOff, need)
 	}
-	if err := w.tableReleasable(oldOff, oldBytes, MetaBitmapTable); err != nil {
+	if err := w.frees.tableReleasable(oldOff, oldBytes, MetaBitmapTable); err != nil {
 		return err
 	}
 	old := make([]byte, oldN*8)
@@ -320,15 +325,15 @@ func (w *writer) growBitmapTable(e *bitmapEntry, need int64) error {
 		}
 	}
 	clusters := (need*8 + cs - 1) / cs
-	off, err := w.allocateTable(clusters)
+	off, err := w.alloc.allocateTable(clusters)
 	if err != nil {
 		return err
 	}
-	if err := w.addMeta(off, clusters*cs, MetaBitmapTable); err != nil {
+	if err := w.host.addMeta(off, clusters*cs, MetaBitmapTable); err != nil {
 		return err
 	}
-	if err := w.writeMeta(b, off, MetaBitmapTable); err != nil {
-		return w.fail(err)
+	if err := w.host.writeMeta(b, off, MetaBitmapTable); err != nil {
+		return w.host.fail(err)
 	}
 	if err := w.persistRefcounts(); err != nil {
 		return err
@@ -336,7 +341,7 @@ func (w *writer) growBitmapTable(e *bitmapEntry, need int64) error {
 	if err := w.writeBitmapEntry(e, off, need); err != nil {
 		return err
 	}
-	return w.releaseTable(oldOff, oldBytes, MetaBitmapTable)
+	return w.frees.releaseTable(oldOff, oldBytes, MetaBitmapTable)
 }
 
 // writeBitmapEntry switches bitmap e's directory entry to the table of n
@@ -345,10 +350,10 @@ func (w *writer) writeBitmapEntry(e *bitmapEntry, off, n int64) error {
 	var b [12]byte
 	binary.BigEndian.PutUint64(b[:], uint64(off))
 	binary.BigEndian.PutUint32(b[8:], uint32(n))
-	if err := w.writeMeta(b[:], e.off, MetaBitmapDirectory); err != nil {
+	if err := w.host.writeMeta(b[:], e.off, MetaBitmapDirectory); err != nil {
 		return err
 	}
-	if err := w.sync(); err != nil {
+	if err := w.host.sync(); err != nil {
 		return err
 	}
 	e.tableOffset, e.tableSize = uint64(off), uint32(n)

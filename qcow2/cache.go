@@ -133,9 +133,11 @@ func NewCache(tables, clusters int64) *Cache {
 }
 
 // WhenInflating arranges for f to run once, in the goroutine that inflates
-// the first compressed cluster read through c (the daemon gives itself
-// more Ps then: inflating is a cgo call that holds one). Set it before
-// the cache is used.
+// the first compressed cluster read through c: inflating is a cgo call of
+// tens of microseconds, during which the goroutine holds its P, and a
+// caller may want to schedule around that (the daemon gives itself more
+// Ps; docs/design.md says why this is a hook). Set it before the cache is
+// used.
 func (c *Cache) WhenInflating(f func()) { c.onInflate = f }
 
 // inflating notes that a cluster is about to be inflated.

@@ -100,13 +100,13 @@ func (c *checker) errorf(format string, args ...any) { c.errorfN(1, format, args
 
 func (c *checker) notef(format string, args ...any) { c.message(fmt.Sprintf(format, args...)) }
 
-// CheckContext checks the image's metadata like qemu-img check (of the
-// image itself, not its backing files) and returns what it found. progress,
-// if not nil, is called now and then with the L2 tables done so far and in
+// Check checks the image's metadata like qemu-img check (of the image
+// itself, not its backing files) and returns what it found. progress, if
+// not nil, is called now and then with the L2 tables done so far and in
 // all. An error means the check could not complete (qemu-img's exit status
 // 1); problems in the image are in the result. It stops with ctx's error
 // when ctx is done.
-func (img *Image) CheckContext(ctx context.Context, progress func(done, total int64)) (*CheckResult, error) {
+func (img *Image) Check(ctx context.Context, progress func(done, total int64)) (*CheckResult, error) {
 	l := img.top
 	cs := l.clusterSize()
 	c := &checker{

@@ -1,5 +1,10 @@
 package qcow2
 
+import (
+	"math/bits"
+	"sync"
+)
+
 // Copy-on-write: the parts of a cluster a write does not cover are filled
 // from what the cluster reads as now (its backing file, a compressed or
 // shared cluster it replaces, zeros), and written together with the guest
@@ -83,7 +88,7 @@ func (w *writer) writeSegment(seg []piece, data []byte, off int64, pin Pin) erro
 	if len(seg) == 1 && !seg[0].cow {
 		q := seg[0]
 		w.addHostBytes(q.n, 0)
-		return w.writeData(data[q.guest-off:q.guest-off+q.n], q.host, pin)
+		return w.host.writeData(data[q.guest-off:q.guest-off+q.n], q.host, pin)
 	}
 	bp := getBuf(int(total))
 	defer putBuf(bp)
@@ -106,7 +111,7 @@ func (w *writer) writeSegment(seg []piece, data []byte, off int64, pin Pin) erro
 		cow += q.n
 	}
 	w.addHostBytes(total, cow)
-	return w.writeData(buf, start, pin)
+	return w.host.writeData(buf, start, pin)
 }
 
 func (w *writer) addHostBytes(n, cow int64) {
@@ -125,4 +130,34 @@ func (w *writer) readsZero(off, n int64) bool {
 		off += e.Length
 	}
 	return true
+}
+
+// Buffers for assembled writes, by power-of-two size class from 4 KiB.
+var bufPools [24]sync.Pool
+
+func bufClass(n int) int {
+	if n <= 4096 {
+		return 0
+	}
+	return bits.Len(uint(n-1)) - 12
+}
+
+func getBuf(n int) *[]byte {
+	c := bufClass(n)
+	if c >= len(bufPools) {
+		b := make([]byte, n)
+		return &b
+	}
+	if bp, ok := bufPools[c].Get().(*[]byte); ok {
+		return bp
+	}
+	b := make([]byte, 4096<<c)
+	return &b
+}
+
+func putBuf(bp *[]byte) {
+	c := bufClass(cap(*bp))
+	if c < len(bufPools) && cap(*bp) == 4096<<c {
+		bufPools[c].Put(bp)
+	}
 }

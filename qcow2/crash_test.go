@@ -295,10 +295,12 @@ type sectorHistory struct {
 	initial []byte // the disk before the workload
 	ops     []qemu.Op
 	data    map[int][]byte // what each write op writes, made once
-	// failed is the op (by number) that returned an error, 0 if none:
-	// it may or may not have happened, sector by sector, however many
-	// flushes succeeded after it.
-	failed int
+	// failed are the ops (by number) that returned an error: each may
+	// or may not have happened, sector by sector, however many flushes
+	// succeeded after it. (More than one fails where the first makes
+	// the next impossible: a grow that failed, then a write past the
+	// old end.)
+	failed map[int]bool
 	// disk is dataCheck's buffer for the disk, one for all the states
 	// (a fresh one each time was most of the memory the test churned,
 	// and under the race detector most of its time); ReadAt fills it,
@@ -338,7 +340,7 @@ func (h *sectorHistory) allowed(s int64, got []byte, acked, issued int) (bool, s
 		default:
 			continue
 		}
-		if op.N <= acked && op.N != h.failed {
+		if op.N <= acked && !h.failed[op.N] {
 			last = v
 		} else {
 			later = append(later, v)
@@ -655,7 +657,7 @@ func (h *sectorHistory) sizeAllowed(size int64, acked, issued int) (bool, string
 		if op.Kind != qemu.OpResize {
 			continue
 		}
-		if op.N <= acked && op.N != h.failed {
+		if op.N <= acked && !h.failed[op.N] {
 			want = op.Off
 		} else {
 			later = append(later, op.Off)
@@ -688,11 +690,11 @@ func (h *sectorHistory) checkedRanges(img *qcow2.Image, acked, issued int) [][2]
 		}
 	}
 	for off := int64(0); off < size; {
-		d, err := img.NextDataContext(context.Background(), off)
+		d, err := img.NextData(context.Background(), off)
 		if err != nil {
 			break
 		}
-		e, err := img.NextHoleContext(context.Background(), d)
+		e, err := img.NextHole(context.Background(), d)
 		if err != nil {
 			e = size
 		}
@@ -744,7 +746,8 @@ func TestInjectedErrors(t *testing.T) {
 
 			// run runs the workload failing I/O failAt (0: none) and
 			// returns the ops acknowledged by a flush and the I/Os made.
-			run := func(failAt int, failErr error) (acked int, ios int, failedOp int) {
+			run := func(failAt int, failErr error) (acked int, ios int, failedOps map[int]bool) {
+				failedOps = map[int]bool{}
 				copyFiles(t, base, dir, written)
 				log := &writeLog{failAt: failAt, failErr: failErr}
 				f, err := qcow2.OpenWritableFile(image)
@@ -766,8 +769,8 @@ func TestInjectedErrors(t *testing.T) {
 							acked = op.N - 1
 						}
 					}
-					if err != nil && !sawErr {
-						sawErr, failedOp = true, op.N
+					if err != nil {
+						sawErr, failedOps[op.N] = true, true
 					}
 				}
 				cerr := img.Close()
@@ -778,14 +781,14 @@ func TestInjectedErrors(t *testing.T) {
 					fe := log.failedE
 					t.Fatalf("fail at I/O %d: the injected error was swallowed (a %d of %d bytes at %d)", failAt, fe.kind, fe.n, fe.off)
 				}
-				return acked, log.ios, failedOp
+				return acked, log.ios, failedOps
 			}
 			_, total, _ := run(0, nil)
 			runs, leaky := 0, 0
 			for n := 1; n <= total; n++ {
 				for _, e := range []error{syscall.EIO, syscall.ENOSPC} {
-					acked, _, failedOp := run(n, e)
-					h.failed = failedOp
+					acked, _, failedOps := run(n, e)
+					h.failed = failedOps
 					runs++
 					leaks, corrupt, msg := checkState(t, image)
 					if corrupt {

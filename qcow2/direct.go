@@ -103,53 +103,13 @@ func (f *localFile) Close() error {
 	return f.File.Close()
 }
 
-// writeBehind leaves the write of b at off in flight (behind.go), and
-// reports whether it did (else the caller writes b now). A write large and
-// aligned enough for O_DIRECT goes so; so does a small one while others are
-// in flight (the tail of a guest's 1 MiB write, which FUSE sends as a
-// request of its own): it would wait for the file's lock behind them
-// anyway, and the guest for it.
-//
-// It returns once b is copied and queued; the write lands on a goroutine
-// of its own, holding a pin of pin's. The copy is needed anyway for
-// O_DIRECT: a FUSE request's payload is not aligned in memory (it starts 80
-// bytes into go-fuse's buffer), and it is reused once the request is
-// answered. It is one copy into a warm buffer, instead of one into new
-// page-cache pages.
-func (w *writer) writeBehind(b []byte, off int64, pin Pin) bool {
-	dw, ok := w.df.(directWriter)
-	direct := ok && len(b) >= directMin && off%directAlign == 0 && len(b)%directAlign == 0 && dw.CanWriteDirect()
-	if !direct && (len(b) > behindSmall || w.behind.n.Load() == 0) {
-		return false
-	}
-	bp := getBuf(len(b))
-	buf := (*bp)[:len(b)]
-	if direct && !aligned(buf) {
-		putBuf(bp)
-		return false
-	}
-	end := off + int64(len(b))
-	w.behind.add(off, end)
-	copy(buf, b)
-	if direct {
-		w.st.directBytes.Add(int64(len(b)))
-	}
-	held := pin.dup()
-	go func() {
-		var err error
-		if direct {
-			err = dw.WriteDirect(buf, off)
-		} else {
-			_, err = w.df.WriteAt(buf, off)
-		}
-		if err != nil {
-			w.fail(err)
-		}
-		putBuf(bp)
-		held.Release()
-		w.behind.done(off, end)
-	}()
-	return true
+// directFor returns the direct writer of df if a data write of b at off
+// goes to the host with O_DIRECT: whole 4 KiB blocks, at least directMin
+// bytes, on a file system that takes O_DIRECT opens. The host door
+// (hostwrite.go, writeBehind) makes the write.
+func directFor(df WritableFile, b []byte, off int64) (directWriter, bool) {
+	dw, ok := df.(directWriter)
+	return dw, ok && len(b) >= directMin && off%directAlign == 0 && len(b)%directAlign == 0 && dw.CanWriteDirect()
 }
 
 // behindSmall is the largest write left in flight behind others.

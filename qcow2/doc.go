@@ -31,6 +31,9 @@
 //   - cache.go: the table cache shared by every image of a mount.
 //   - clustercache.go: the decompressed-cluster cache.
 //   - image.go: Options, Open and NewImage, the Image, ReadAt.
+//   - pin.go: the pins a read (or write) holds on the host clusters it
+//     mapped, and when a freed cluster may be reused (Image.Pin,
+//     Image.PinRange).
 //   - layer.go: one file of the chain: the layer, its L1 table, host reads.
 //   - backing.go: building the backing chain (formats, depth, loops).
 //   - chainindex.go: which layer of a deep chain decides each granule,
@@ -44,7 +47,8 @@
 //   - compress.go, inflate_go.go, inflate_libdeflate.go,
 //     inflate_libzstd.go: deflate and zstd compressed clusters, and a
 //     layer's state for reading them.
-//   - refcount.go: reading refcounts.
+//   - refcount.go: refcounts: their layout in a refcount block
+//     (refFormat), reading them.
 //   - prealloc.go: metadata preallocation detection, by refcount block.
 //   - metadata.go: the metadata map, for overlap checks.
 //   - hostranges.go: the host bytes a whole read of the disk needs
@@ -59,8 +63,10 @@
 //   - budget.go: the memory budget for structures an image file sizes.
 //   - lock.go: qemu's OFD image locks, their probing without locks, locks
 //     on raw files.
-//   - info.go, map.go: what `qcowfs info` and `qcowfs map` print.
-//   - crypt.go: describing encrypted images (legacy AES, the LUKS header).
+//   - info.go, map.go: what `qcowfs info` and `qcowfs map` print; info.go
+//     also describes an encrypted image without its key
+//     (DescribeEncrypted), from the header and the LUKS header as an open
+//     reads them.
 //   - encrypt.go: encrypted images read and written: unlocking a layer's
 //     LUKS header with Options.Passphrase, decryption in reads, encryption
 //     at the writer's data door (read-modify-write of partial sectors).
@@ -71,25 +77,32 @@
 //
 // The write path (only the top image of a chain is written):
 //
-//   - writer.go: opening an image for writing, the writer and its parts,
-//     why an image opens read-only.
+//   - writer.go: opening an image for writing, the writer and its parts
+//     (each a type with its own methods, below), why an image opens
+//     read-only.
 //   - write.go: WriteAt and Resize, in runs of guest clusters, and the
-//     guest ranges they hold.
+//     guest ranges they hold (guestHolds).
 //   - zero.go: Discard and WriteZeroes.
 //   - writemap.go: the write side of the cluster mapping: planning what a
 //     guest range needs, owning L2 tables, linking new clusters.
-//   - cow.go: copy-on-write of the parts of a cluster a write leaves.
-//   - alloc.go: the allocator: free clusters, refcounts, refcount blocks
-//     and the refcount table's growth.
-//   - dirty.go: the dirty set, tables changed and not yet written back.
+//   - cow.go: copy-on-write of the parts of a cluster a write leaves; the
+//     pooled buffers writes are assembled in.
+//   - alloc.go: the allocator (imago's Allocator): free clusters,
+//     refcounts, refcount blocks, new tables, a larger refcount table
+//     planned; what it is handed (allocEnv).
+//   - reftable.go: the refcount table's growth, step by step.
+//   - dirty.go: the dirty set, tables changed and not yet written back,
+//     walked by the flush in its order.
 //   - flush.go: the ordered write-back.
-//   - freeing.go: freed references and clusters, their quarantine, and the
-//     epoch pins that decide when a freed cluster may be reused.
-//   - hostwrite.go: every host write, sync, punch and growth of the files,
-//     checked against the metadata map; the header's writes.
+//   - freeing.go: freed references and clusters, their quarantine until
+//     no pin (pin.go) can see them.
+//   - hostwrite.go: the host door (hostDoor): every host write, sync,
+//     punch and growth of the files, checked against the metadata map;
+//     the header's writes; the files' sizes; the failed and corrupt
+//     states.
 //   - sectorlock.go: whole sectors for reads that race in-place writes.
 //   - behind.go, direct.go: large data writes left in flight, with
-//     O_DIRECT.
+//     O_DIRECT (made by the host door).
 //   - bitmapwrite.go: persistent bitmaps kept true by writes (in_use,
 //     bits, their store in the flush order, growth).
 //
@@ -98,8 +111,8 @@
 // (block/qcow2.h, qcow2-bitmap.c) and charged to a memory budget
 // (Options.Budget) before it is allocated; every walk over tables is
 // bounded in work, cheap when tables repeat, and stops with its context
-// (the *Context methods); an image whose metadata cannot be mapped is
-// refused rather than read unchecked.
+// (the methods that take one); an image whose metadata cannot be mapped
+// is refused rather than read unchecked.
 //
 // Everything hangs off the opened Image; there is no package-level state.
 // An Image is safe for concurrent use by many goroutines.

@@ -59,23 +59,6 @@ func (img *Image) Encryption(passphrase []byte) (e *Encryption, ok bool) {
 	return e, true
 }
 
-// A KeyError says why an encrypted image cannot be opened: no passphrase
-// was given for it, or the one given opens none of its key slots. It wraps
-// ErrKey.
-type KeyError struct {
-	File    string
-	Missing bool // no passphrase given (else a wrong one)
-}
-
-func (e *KeyError) Error() string {
-	if e.Missing {
-		return fmt.Sprintf("%s: encrypted: no key given", e.File)
-	}
-	return fmt.Sprintf("%s: encrypted: wrong passphrase", e.File)
-}
-
-func (e *KeyError) Unwrap() error { return ErrKey }
-
 // unlock makes the layer's cipher from the passphrase opts gives for its
 // file. The passphrase is cleared once used.
 func (l *layer) unlock(opts *Options) error {
@@ -91,15 +74,11 @@ func (l *layer) unlock(opts *Options) error {
 			return err
 		}
 		defer l.budget.sub(n)
-		area = make([]byte, n)
-		if err := readFull(l.file, area, off, "LUKS header"); err != nil {
+		var err error
+		if area, lh, err = readLUKSHeader(l.file, h, n); err != nil {
 			return err
 		}
 		defer clear(area)
-		var err error
-		if lh, err = luks.Parse(area, n); err != nil {
-			return luksError(l.name, off, err)
-		}
 		if err := lh.Supported(); err != nil {
 			return luksError(l.name, off, err)
 		}
@@ -154,6 +133,26 @@ func (l *layer) unlock(opts *Options) error {
 	return nil
 }
 
+// readLUKSHeader reads the first n bytes (at most all) of the LUKS header
+// area that header h's crypto header extension names in f, and parses
+// them as the start of that area (luks.Parse bounds every field against
+// the whole area). Unlocking reads the whole area, for its key material;
+// describing an image reads luks.HeaderLen bytes. readHeader has checked
+// that the area lies inside the file and within luks.MaxHeaderBytes.
+func readLUKSHeader(f HostFile, h *Header, n int64) ([]byte, *luks.Header, error) {
+	off, areaLen := int64(h.CryptoHeaderOffset), int64(h.CryptoHeaderLength)
+	area := make([]byte, min(n, areaLen))
+	if err := readFull(f, area, off, "LUKS header"); err != nil {
+		return nil, nil, err
+	}
+	lh, err := luks.Parse(area, areaLen)
+	if err != nil {
+		clear(area)
+		return nil, nil, luksError(f.Name(), off, err)
+	}
+	return area, lh, nil
+}
+
 // unlockLUKS is luks.Header.Unlock, the PBKDF2 work of an open; tests
 // count its calls (export_test.go).
 var unlockLUKS = (*luks.Header).Unlock
@@ -170,31 +169,6 @@ func luksError(file string, off int64, err error) error {
 		return &UnsupportedError{File: file, Feature: "encryption: " + ue.Error()}
 	}
 	return fmt.Errorf("%s: LUKS header: %w", file, err)
-}
-
-// info is what qemu-img info says of the layer's encryption: the format,
-// and for LUKS its header's parameters, as DescribeEncrypted reads them.
-func (lc *layerCrypt) info() *Encrypt {
-	h := lc.header
-	if h == nil {
-		return &Encrypt{Format: "aes"}
-	}
-	s := h.Spec()
-	li := &LUKSInfo{
-		CipherAlg: s.CipherAlg, CipherMode: s.CipherMode, IvgenAlg: s.IvgenAlg, IvgenHashAlg: s.IvgenHashAlg,
-		HashAlg:        s.HashAlg,
-		PayloadOffset:  int64(h.PayloadOffset) * luks.SectorSize,
-		MasterKeyIters: h.MKDigestIter,
-		UUID:           h.UUID,
-	}
-	for _, sl := range h.Slots {
-		ls := LUKSSlot{Active: sl.Active, KeyOffset: int64(sl.KeyOffset) * luks.SectorSize}
-		if sl.Active {
-			ls.Iters, ls.Stripes = ptr(sl.Iterations), ptr(sl.Stripes)
-		}
-		li.Slots = append(li.Slots, ls)
-	}
-	return &Encrypt{Format: "luks", LUKSInfo: li}
 }
 
 // sector returns the number of the sector at host offset host, guest
@@ -234,11 +208,10 @@ func (l *layer) readDecrypted(p []byte, off, guest int64) error {
 // encrypted returns a copy of b, guest data for host offset off,
 // encrypted, in a buffer of the pool (the caller puts it back). b and off
 // are whole sectors.
-func (w *writer) encrypted(b []byte, off int64) *[]byte {
+func (lc *layerCrypt) encrypted(b []byte, off int64) *[]byte {
 	bp := getBuf(len(b))
 	buf := (*bp)[:len(b)]
 	copy(buf, b)
-	lc := w.l.crypt
 	lc.c.Encrypt(buf, lc.sector(off, 0))
 	return bp
 }

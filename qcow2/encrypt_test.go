@@ -371,7 +371,7 @@ func TestEncryptedInfoAndMap(t *testing.T) {
 				t.Fatal(err)
 			}
 			var got []qemu.MapEntry
-			err := img.MapContext(context.Background(), func(m qcow2.MapEntry) error {
+			err := img.Map(context.Background(), func(m qcow2.MapEntry) error {
 				got = append(got, qemu.MapEntry{Start: m.Start, Length: m.Length, Depth: m.Depth, Present: m.Present, Zero: m.Zero, Data: m.Data, Offset: m.Offset})
 				return nil
 			})

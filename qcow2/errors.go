@@ -13,8 +13,8 @@ var (
 	// *FormatError wraps it.
 	ErrCorrupt = errors.New("corrupt image")
 	// ErrUnsupported means the image is well formed but uses a feature
-	// this package cannot read (encryption, an unknown incompatible
-	// feature, ...).
+	// this package cannot read (an unknown incompatible feature, a
+	// cipher package luks does not implement, ...).
 	ErrUnsupported = errors.New("unsupported image")
 	// ErrRefused means a backing or data file reference was refused by
 	// policy (a protocol prefix, a path outside the allowed folders, a
@@ -153,3 +153,20 @@ type ReadOnlyError struct {
 
 func (e *ReadOnlyError) Error() string { return fmt.Sprintf("%s: read-only: %s", e.File, e.Reason) }
 func (e *ReadOnlyError) Unwrap() error { return ErrReadOnly }
+
+// A KeyError says why an encrypted image cannot be opened: no passphrase
+// was given for it, or the one given opens none of its key slots. It wraps
+// ErrKey.
+type KeyError struct {
+	File    string
+	Missing bool // no passphrase given (else a wrong one)
+}
+
+func (e *KeyError) Error() string {
+	if e.Missing {
+		return fmt.Sprintf("%s: encrypted: no key given", e.File)
+	}
+	return fmt.Sprintf("%s: encrypted: wrong passphrase", e.File)
+}
+
+func (e *KeyError) Unwrap() error { return ErrKey }

@@ -38,9 +38,9 @@ func (img *Image) Flush() error {
 }
 
 // flushLocked writes dirty metadata back in the order above, then lets the
-// removed references' clusters go. A failure sticks (writer.fail).
+// removed references' clusters go. A failure sticks (hostDoor.fail).
 func (w *writer) flushLocked() error {
-	if err := w.usable(); err != nil {
+	if err := w.host.usable(); err != nil {
 		return err
 	}
 	w.st.flushes.Add(1)
@@ -49,21 +49,11 @@ func (w *writer) flushLocked() error {
 	if err := w.storeBitmaps(); err != nil {
 		return err
 	}
-	var l2s, blocks []*cacheEntry
-	for _, d := range w.dirty.tables {
-		if d.kind == MetaRefcountBlock {
-			blocks = append(blocks, d.e)
-		} else {
-			l2s = append(l2s, d.e)
-		}
-	}
 	// 1. Refcount blocks, then sync with the data.
-	for _, e := range blocks {
-		if err := w.writeTable(e, MetaRefcountBlock); err != nil {
-			return w.fail(err)
-		}
+	if err := w.writeRefblocks(); err != nil {
+		return err
 	}
-	if err := w.syncAll(); err != nil {
+	if err := w.host.syncAll(); err != nil {
 		return err
 	}
 	// 2. The refcount table's new entries.
@@ -75,42 +65,37 @@ func (w *writer) flushLocked() error {
 	if err != nil {
 		return err
 	}
-	if len(l2s) > 0 || wrote {
+	if l2s := w.dirty.ofKind(MetaL2); len(l2s) > 0 || wrote {
 		for _, e := range l2s {
-			if err := w.writeTable(e, MetaL2); err != nil {
-				return w.fail(err)
+			if err := w.host.writeTable(e, MetaL2); err != nil {
+				return w.host.fail(err)
 			}
 		}
-		if err := w.sync(); err != nil {
+		if err := w.host.sync(); err != nil {
 			return err
 		}
 	}
 	// 4. L1 entries.
-	if w.dirty.l1 {
+	if lo, hi, ok := w.dirty.l1Range(); ok {
 		t := w.l.l1.Load()
-		buf := make([]byte, (w.dirty.l1Hi-w.dirty.l1Lo)*8)
-		for i := w.dirty.l1Lo; i < w.dirty.l1Hi; i++ {
-			putWord(buf[(i-w.dirty.l1Lo)*8:], uint64(t.entry(i)))
+		buf := make([]byte, (hi-lo)*8)
+		for i := lo; i < hi; i++ {
+			putWord(buf[(i-lo)*8:], uint64(t.entry(i)))
 		}
-		if err := w.writeMeta(buf, t.off+w.dirty.l1Lo*8, MetaL1); err != nil {
-			return w.fail(err)
+		if err := w.host.writeMeta(buf, t.off+lo*8, MetaL1); err != nil {
+			return w.host.fail(err)
 		}
-		if err := w.sync(); err != nil {
+		if err := w.host.sync(); err != nil {
 			return err
 		}
-		w.dirty.l1 = false
 	}
-	for _, d := range w.dirty.tables {
-		w.l.cache.unpin(d.e)
-	}
-	clear(w.dirty.tables)
-	w.dirty.bytes = 0
+	w.dirty.clean()
 	// 5. The removed references are durably gone.
-	if err := w.releaseFreed(); err != nil {
+	if err := w.frees.release(); err != nil {
 		return err
 	}
-	if w.growth.short {
-		w.giveBack()
+	if w.host.ranShort() {
+		w.host.giveBack(w.alloc.countedEnd())
 	}
 	return nil
 }
@@ -133,32 +118,33 @@ func (w *writer) persistRefcounts() error {
 	if err := w.writeRefblocks(); err != nil {
 		return err
 	}
-	if err := w.sync(); err != nil {
+	if err := w.host.sync(); err != nil {
 		return err
 	}
 	return w.writeReftable()
 }
 
-// writeRefblocks writes back the dirty refcount blocks.
+// writeRefblocks writes back the dirty refcount blocks (step 1, without
+// its sync).
 func (w *writer) writeRefblocks() error {
-	for _, d := range w.dirty.tables {
-		if d.kind == MetaRefcountBlock {
-			if err := w.writeTable(d.e, MetaRefcountBlock); err != nil {
-				return w.fail(err)
-			}
+	for _, e := range w.dirty.ofKind(MetaRefcountBlock) {
+		if err := w.host.writeTable(e, MetaRefcountBlock); err != nil {
+			return w.host.fail(err)
 		}
 	}
 	return nil
 }
 
 // writeReftable writes the refcount table's changed entries and syncs
-// them, once the blocks they name are durable (the caller's sync).
+// them (step 2), once the blocks they name are durable (the caller's
+// sync).
 func (w *writer) writeReftable() error {
-	if w.alloc.reft.dirtyLo >= w.alloc.reft.dirtyHi {
+	t, off := w.alloc.reftableChanges()
+	if t == nil {
 		return nil
 	}
-	if err := w.writeWords(w.alloc.reft, w.alloc.reftOff, MetaRefcountTable); err != nil {
-		return w.fail(err)
+	if err := w.host.writeWords(t, off, MetaRefcountTable); err != nil {
+		return w.host.fail(err)
 	}
-	return w.sync()
+	return w.host.sync()
 }

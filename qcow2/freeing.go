@@ -1,9 +1,6 @@
 package qcow2
 
-import (
-	"fmt"
-	"sync/atomic"
-)
+import "fmt"
 
 // Freeing: what happens to the clusters a reference no longer names.
 //
@@ -11,17 +8,24 @@ import (
 // by its copy, an L2 table by its copy) is pending until a flush has made
 // its removal durable; then the clusters' refcounts drop. A cluster whose
 // last reference went is quarantined until no request that could still
-// map it is left (the pins below), then its refcount drops to zero, its
-// range is punched and the allocator may use it again. Nothing is freed
-// without a check against the metadata map first: a damaged entry must
-// not have a table freed and punched.
+// map it is left (pin.go), then its range is punched, its refcount drops
+// to zero and the allocator may use it again. Nothing is freed without a
+// check against the metadata map first: a damaged entry must not have a
+// table freed and punched.
 
 // freeLists are the writer's references and clusters on their way to
-// being free, guarded by w.mu.
+// being free, guarded by w.mu. They drop refcounts through the allocator,
+// check, punch and fail through the host door, and ask the image's pins
+// when a cluster may be reused.
 type freeLists struct {
+	l      *layer
+	alloc  *allocator
+	host   *hostDoor
+	pins   *pins
+	behind *behind // writes in flight into clusters given back (unallocate)
+
 	pending    []freeing
 	quarantine []quarantined
-	zeroed     map[int64]bool // freed clusters punched: they read zeros
 }
 
 // freeing is a reference the writer removed in memory: once that removal
@@ -45,19 +49,19 @@ type quarantined struct {
 // would otherwise have the live L1 table freed and punched. An L2 table
 // leaves the metadata map now: nothing writes it any more, and it is
 // reused only once its refcount reaches zero.
-func (w *writer) free(first, n int64, kind MetaKind) error {
-	cs := w.l.clusterSize()
-	if err := w.freeable(first, n, kind); err != nil {
+func (fl *freeLists) free(first, n int64, kind MetaKind) error {
+	cs := fl.l.clusterSize()
+	if err := fl.freeable(first, n, kind); err != nil {
 		return err
 	}
 	if kind != 0 {
-		w.l.metaMap.Store(w.l.metaMap.Load().without(first*cs, (first+n)*cs, kind))
+		fl.host.dropMeta(first*cs, n*cs, kind)
 	}
-	if k := len(w.frees.pending); k > 0 && w.frees.pending[k-1].first+w.frees.pending[k-1].n == first {
-		w.frees.pending[k-1].n += n
+	if k := len(fl.pending); k > 0 && fl.pending[k-1].first+fl.pending[k-1].n == first {
+		fl.pending[k-1].n += n
 		return nil
 	}
-	w.frees.pending = append(w.frees.pending, freeing{first, n})
+	fl.pending = append(fl.pending, freeing{first, n})
 	return nil
 }
 
@@ -68,34 +72,27 @@ func (w *writer) free(first, n int64, kind MetaKind) error {
 // lives in another table, is corruption qemu-img check reports; dropping
 // it would write a refcount into that table. Callers check before they
 // change anything, so that a refused write or discard changes nothing.
-func (w *writer) freeable(first, n int64, kind MetaKind) error {
-	cs := w.l.clusterSize()
+func (fl *freeLists) freeable(first, n int64, kind MetaKind) error {
+	cs := fl.l.clusterSize()
 	allowed := MetaKinds(0)
 	if kind == MetaL2 {
 		allowed = Kinds(MetaL2, MetaSnapshotL2) // shared with a snapshot
 	}
-	if err := w.checkClusters("freeing", first*cs, n*cs, allowed); err != nil {
+	if err := fl.host.checkClusters("freeing", first*cs, n*cs, allowed); err != nil {
 		return err
 	}
 	for c := first; c < first+n; c++ {
-		ti := c / w.alloc.ref.perBlock
-		off := int64(0)
-		if ti < int64(len(w.alloc.reft.words)) {
-			off = int64(w.alloc.reft.words[ti] & reftOffsetMask)
+		if err := fl.alloc.soundBlocks(c, c+1); err != nil {
+			return err
 		}
-		if off != 0 {
-			if err := w.checkClusters("changing refcounts in", off, cs, Kinds(MetaRefcountBlock)); err != nil {
-				return err
-			}
-		}
-		rc, err := w.refcountAt(c)
+		rc, err := fl.alloc.refcount(c)
 		if err != nil {
 			return err
 		}
 		if rc == 0 {
-			err := &FormatError{File: w.l.name, Field: "refcount", Value: 0, Offset: -1,
+			err := &FormatError{File: fl.l.name, Field: "refcount", Value: 0, Offset: -1,
 				Msg: fmt.Sprintf("cluster %#x is referenced but has refcount 0: the image is corrupt; it is marked so and no longer written", c*cs)}
-			w.markCorrupt(err)
+			fl.host.markCorrupt(err)
 			return err
 		}
 	}
@@ -104,22 +101,22 @@ func (w *writer) freeable(first, n int64, kind MetaKind) error {
 
 // tableReleasable checks, before a table is replaced, that releaseTable
 // will be able to give its clusters back.
-func (w *writer) tableReleasable(off, n int64, kind MetaKind) error {
-	return w.checkClusters("freeing", off, n, Kinds(kind))
+func (fl *freeLists) tableReleasable(off, n int64, kind MetaKind) error {
+	return fl.host.checkClusters("freeing", off, n, Kinds(kind))
 }
 
 // releaseTable gives back the clusters of a table of the given kind at
 // [off, off+n) whose last reference, the header's, is durably gone (an L1
 // table or refcount table replaced by a larger one): they must hold that
 // table only, they leave the metadata map, and their refcounts drop.
-func (w *writer) releaseTable(off, n int64, kind MetaKind) error {
-	if err := w.tableReleasable(off, n, kind); err != nil {
+func (fl *freeLists) releaseTable(off, n int64, kind MetaKind) error {
+	if err := fl.tableReleasable(off, n, kind); err != nil {
 		return err
 	}
-	w.l.metaMap.Store(w.l.metaMap.Load().without(off, off+n, kind))
-	cs := w.l.clusterSize()
+	fl.host.dropMeta(off, n, kind)
+	cs := fl.l.clusterSize()
 	for c := off / cs; c < (off+n+cs-1)/cs; c++ {
-		if err := w.decref(c); err != nil {
+		if err := fl.decref(c); err != nil {
 			return err
 		}
 	}
@@ -128,190 +125,93 @@ func (w *writer) releaseTable(off, n int64, kind MetaKind) error {
 
 // decref removes one reference to cluster c now: for references whose
 // removal is already durable (an old refcount table).
-func (w *writer) decref(c int64) error {
-	rc, err := w.refcountAt(c)
+func (fl *freeLists) decref(c int64) error {
+	rc, err := fl.alloc.refcount(c)
 	if err != nil || rc == 0 {
 		return err
 	}
 	if rc == 1 {
-		w.frees.quarantine = append(w.frees.quarantine, quarantined{c: c, tag: w.img.pins.epoch.Load()})
+		fl.quarantine = append(fl.quarantine, quarantined{c: c, tag: fl.pins.now()})
 		return nil
 	}
-	return w.setRefcount(c, rc-1)
+	return fl.alloc.setRefcount(c, rc-1)
 }
 
-// releaseFreed drops the refcounts of the references the last flush made
-// durably gone. A cluster still referenced elsewhere (a snapshot) just
-// counts one less; one whose last reference went is quarantined.
-func (w *writer) releaseFreed() error {
-	pending := w.frees.pending
-	w.frees.pending = nil
-	tag := w.img.pins.epoch.Load()
+// release drops the refcounts of the references the last flush made
+// durably gone (flush.go, step 5: never before the removal is durable, so
+// that a crash leaves a leak at worst). A cluster still referenced
+// elsewhere (a snapshot) just counts one less; one whose last reference
+// went is quarantined.
+func (fl *freeLists) release() error {
+	pending := fl.pending
+	fl.pending = nil
+	tag := fl.pins.now()
 	for _, f := range pending {
 		for c := f.first; c < f.first+f.n; c++ {
-			rc, err := w.refcountAt(c)
+			rc, err := fl.alloc.refcount(c)
 			if err != nil {
-				return w.fail(err)
+				return fl.host.fail(err)
 			}
 			switch {
 			case rc == 0:
 				// A reference without a refcount (free checked
 				// when it was scheduled; a refcount block changed
 				// since?): corrupt, and nothing is written.
-				err := &FormatError{File: w.l.name, Field: "refcount", Value: 0, Offset: -1,
-					Msg: fmt.Sprintf("cluster %#x was referenced but has refcount 0: the image is corrupt; it is marked so and no longer written", c*w.l.clusterSize())}
-				w.markCorrupt(err)
+				err := &FormatError{File: fl.l.name, Field: "refcount", Value: 0, Offset: -1,
+					Msg: fmt.Sprintf("cluster %#x was referenced but has refcount 0: the image is corrupt; it is marked so and no longer written", c*fl.l.clusterSize())}
+				fl.host.markCorrupt(err)
 				return err
 			case rc == 1:
-				w.frees.quarantine = append(w.frees.quarantine, quarantined{c: c, tag: tag})
+				fl.quarantine = append(fl.quarantine, quarantined{c: c, tag: tag})
 			default:
-				if err := w.setRefcount(c, rc-1); err != nil {
-					return w.fail(err)
+				if err := fl.alloc.setRefcount(c, rc-1); err != nil {
+					return fl.host.fail(err)
 				}
 			}
 		}
 	}
-	return w.reclaim()
+	return fl.reclaim()
 }
 
 // reclaim frees the quarantined clusters no pin can see any more: their
-// refcount drops to zero, their host range is punched (so it reads zeros),
-// and the allocator may use them again.
-func (w *writer) reclaim() error {
-	cs := w.l.clusterSize()
-	epoch := w.img.pins.settle()
-	keep := w.frees.quarantine[:0]
-	for _, q := range w.frees.quarantine {
+// host range is punched (so it reads zeros; the door refuses to punch
+// metadata, before anything changes), their refcount drops to zero, and
+// the allocator may use them again.
+func (fl *freeLists) reclaim() error {
+	epoch := fl.pins.settle()
+	keep := fl.quarantine[:0]
+	for _, q := range fl.quarantine {
 		if epoch < q.tag+2 {
 			keep = append(keep, q)
 			continue
 		}
-		// A cluster that holds metadata is never punched, whatever
-		// its refcount says.
-		if err := w.checkClusters("punching", q.c*cs, cs, 0); err != nil {
+		// Punched first: a cluster that holds metadata is refused
+		// there (the image is corrupt) before its refcount changes.
+		if err := fl.host.punch(q.c); err != nil {
 			return err
 		}
-		if err := w.setRefcount(q.c, 0); err != nil {
-			return w.fail(err)
+		if err := fl.alloc.setRefcount(q.c, 0); err != nil {
+			return fl.host.fail(err)
 		}
-		w.alloc.freeHint = min(w.alloc.freeHint, q.c)
-		switch err := w.f.Punch(q.c*cs, cs); {
-		case err == nil:
-			// It reads zeros now: copy-on-write may skip zeros in it.
-			w.markZeroed(q.c)
-		case !unsupported(err):
-			return w.fail(err)
-		}
-		// (Without punch support it keeps its old bytes, and
-		// copy-on-write writes its zeros.)
+		fl.alloc.released(q.c)
 	}
-	w.frees.quarantine = keep
+	fl.quarantine = keep
 	return nil
 }
 
 // unallocate gives back the fresh clusters of plans that were never
 // linked: nothing references them, so they are quarantined at once, once
 // any write of theirs in flight has landed, and reused like freed ones.
-func (w *writer) unallocate(plans []clusterPlan) {
-	cs := w.l.clusterSize()
-	tag := w.img.pins.epoch.Load()
+func (fl *freeLists) unallocate(plans []clusterPlan) {
+	cs := fl.l.clusterSize()
+	tag := fl.pins.now()
 	for _, pl := range plans {
 		if pl.fresh {
-			w.behind.wait(pl.host, pl.host+cs)
-			w.frees.quarantine = append(w.frees.quarantine, quarantined{c: pl.host / cs, tag: tag})
+			fl.behind.wait(pl.host, pl.host+cs)
+			fl.quarantine = append(fl.quarantine, quarantined{c: pl.host / cs, tag: tag})
 		}
 	}
 }
 
-// markZeroed records that cluster c reads zeros on the host.
-func (w *writer) markZeroed(c int64) {
-	if w.frees.zeroed == nil {
-		w.frees.zeroed = map[int64]bool{}
-	}
-	if len(w.frees.zeroed) < 1<<16 {
-		w.frees.zeroed[c] = true
-	}
-}
-
-// Pins: when a freed host cluster may be used again.
-//
-// A request that maps a guest range to host clusters and then reads or
-// writes them (a read, a zero-copy reply that the FUSE layer splices after
-// the request returned, an in-place write) holds a pin from before the
-// lookup until its last host access. A cluster freed while pins older than
-// the free exist must not be reused before they are released, or the old
-// request would read another guest offset's new data (or write over it).
-//
-// This is a two-phase epoch scheme: pins count into the slot of the epoch
-// current when they were taken. A freed cluster is tagged with the epoch
-// current when its refcount dropped; it is reusable once the epoch has
-// moved on twice, which requires each older slot to have drained. Taking
-// and releasing a pin are two atomic adds; nothing ever waits: a cluster
-// that is not yet reusable simply is not reused yet.
-type pins struct {
-	epoch atomic.Uint64
-	count [2]atomic.Int64
-}
-
-// A Pin keeps the host clusters a request mapped from being reused; see
-// Image.Pin. A pin from Image.PinRange also holds its guest range against
-// in-place writes (sectorlock.go).
-type Pin struct {
-	p          *pins
-	e          uint64
-	rl         *rangeLock
-	start, end int64
-}
-
-// take returns a pin in the current epoch.
-func (p *pins) take() Pin {
-	for {
-		e := p.epoch.Load()
-		p.count[e&1].Add(1)
-		if p.epoch.Load() == e {
-			return Pin{p: p, e: e}
-		}
-		// The epoch moved while we counted in: count in the new one.
-		p.count[e&1].Add(-1)
-	}
-}
-
-// Release ends the pin. Releasing the zero Pin does nothing.
-func (pin Pin) Release() {
-	if pin.rl != nil {
-		pin.rl.unlock(pin.start, pin.end, false)
-	}
-	if pin.p != nil {
-		pin.p.count[pin.e&1].Add(-1)
-	}
-}
-
-// dup returns another pin of pin's epoch, for work that outlives pin's
-// holder but was mapped under it (a write in flight, behind.go); pin must
-// be held. Counting in pin's slot, not the current epoch's, keeps what was
-// freed before pin's lookup from being reused until both are released.
-func (pin Pin) dup() Pin {
-	if pin.p != nil {
-		pin.p.count[pin.e&1].Add(1)
-	}
-	return Pin{p: pin.p, e: pin.e}
-}
-
-// advance moves the epoch on if the slot it would reuse has drained, and
-// returns the current epoch.
-func (p *pins) advance() uint64 {
-	e := p.epoch.Load()
-	if p.count[(e+1)&1].Load() == 0 {
-		p.epoch.CompareAndSwap(e, e+1)
-	}
-	return p.epoch.Load()
-}
-
-// settle moves the epoch on as far as the drained slots allow (twice at
-// most), and returns it. Something freed in epoch tag may be reused once
-// settle returns tag+2 or more: no pin taken in that epoch or before is
-// left.
-func (p *pins) settle() uint64 {
-	p.advance()
-	return p.advance()
-}
+// empty reports whether nothing is on its way to being free.
+func (fl *freeLists) empty() bool { return len(fl.pending) == 0 && len(fl.quarantine) == 0 }

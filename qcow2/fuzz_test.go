@@ -196,17 +196,17 @@ func exercise(img *Image) {
 	}
 	n := 0
 	for off := int64(0); off < img.Size() && n < 64; n++ {
-		d, err := img.NextDataContext(context.Background(), off)
+		d, err := img.NextData(context.Background(), off)
 		if err != nil {
 			break
 		}
-		h, err := img.NextHoleContext(context.Background(), d)
+		h, err := img.NextHole(context.Background(), d)
 		if err != nil || h <= d {
 			break
 		}
 		off = h
 	}
-	img.MapContext(context.Background(), func(MapEntry) error {
+	img.Map(context.Background(), func(MapEntry) error {
 		n++
 		if n > 128 {
 			return errors.New("enough")

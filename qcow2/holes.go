@@ -41,7 +41,8 @@ import (
 //     conservative (NextData: data at the place reached; NextHole: no hole
 //     before the end of the disk; never a hole where there might be data),
 //     and the image's Warnf gets one line. DataBytesIn fails instead.
-//   - Interruptible: the Context variants stop when their context is done.
+//   - Interruptible: NextData, NextHole and DataBytesIn stop when their
+//     context is done.
 
 const (
 	chunkMinBits = 26 // 64 MiB
@@ -315,12 +316,12 @@ func (l *layer) nextMaybeData(off int64, w *walk) (int64, error) {
 	return next, nil
 }
 
-// NextDataContext returns the first offset at or after off that holds
-// data, like lseek(SEEK_DATA); ErrNoData if there is none (or off is at or
+// NextData returns the first offset at or after off that holds data,
+// like lseek(SEEK_DATA); ErrNoData if there is none (or off is at or
 // past the end of the disk). It stops with ctx's error when ctx is done. A
 // walk that runs out of its work budget (SeekWork) answers where it got
 // to: data there, which is never wrong for a reader.
-func (img *Image) NextDataContext(ctx context.Context, off int64) (int64, error) {
+func (img *Image) NextData(ctx context.Context, off int64) (int64, error) {
 	d, err := img.seek(ctx, off, false)
 	if err == nil && d >= img.top.vsize() {
 		return 0, ErrNoData
@@ -328,12 +329,12 @@ func (img *Image) NextDataContext(ctx context.Context, off int64) (int64, error)
 	return d, err
 }
 
-// NextHoleContext returns the first offset at or after off that lies in a
-// hole, like lseek(SEEK_HOLE): the end of the disk counts as a hole. off
+// NextHole returns the first offset at or after off that lies in a hole,
+// like lseek(SEEK_HOLE): the end of the disk counts as a hole. off
 // must be inside the disk. It stops with ctx's error when ctx is done. A
 // walk that runs out of its work budget (SeekWork) answers the end of the
 // disk: no hole before it, which is never wrong for a reader.
-func (img *Image) NextHoleContext(ctx context.Context, off int64) (int64, error) {
+func (img *Image) NextHole(ctx context.Context, off int64) (int64, error) {
 	return img.seek(ctx, off, true)
 }
 
@@ -392,16 +393,15 @@ func (img *Image) seek(ctx context.Context, off int64, hole bool) (int64, error)
 }
 
 // DataBytes returns how many bytes of the disk hold data (the complement
-// of the holes NextHoleContext reports). It walks the whole index, so it
+// of the holes NextHole reports). It walks the whole index, so it
 // reads every allocated L2 table of the chain once.
 func (img *Image) DataBytes() (int64, error) {
-	return img.DataBytesInContext(context.Background(), 0, img.top.vsize())
+	return img.DataBytesIn(context.Background(), 0, img.top.vsize())
 }
 
-// DataBytesInContext is DataBytes for the guest range [start, end),
-// stopping with ctx's error when ctx is done, and failing (ErrWalkBudget)
+// DataBytesIn is DataBytes for the guest range [start, end), stopping with ctx's error when ctx is done, and failing (ErrWalkBudget)
 // when the count needs more work than CountWork.
-func (img *Image) DataBytesInContext(ctx context.Context, start, end int64) (int64, error) {
+func (img *Image) DataBytesIn(ctx context.Context, start, end int64) (int64, error) {
 	return img.dataBytes(ctx, start, end, CountWork)
 }
 

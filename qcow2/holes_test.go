@@ -24,7 +24,7 @@ func TestMapMatchesQemu(t *testing.T) {
 			}
 			defer img.Close()
 			var got []qemu.MapEntry
-			err = img.MapContext(context.Background(), func(e qcow2.MapEntry) error {
+			err = img.Map(context.Background(), func(e qcow2.MapEntry) error {
 				b, _ := json.Marshal(e)
 				var m qemu.MapEntry
 				json.Unmarshal(b, &m)
@@ -57,14 +57,14 @@ func dump(m []qemu.MapEntry) string {
 func dataRuns(t *testing.T, img *qcow2.Image) [][2]int64 {
 	var runs [][2]int64
 	for off := int64(0); off < img.Size(); {
-		d, err := img.NextDataContext(context.Background(), off)
+		d, err := img.NextData(context.Background(), off)
 		if errors.Is(err, qcow2.ErrNoData) {
 			break
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, err := img.NextHoleContext(context.Background(), d)
+		h, err := img.NextHole(context.Background(), d)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,8 +130,8 @@ func TestSeekEdges(t *testing.T) {
 	}
 	defer img.Close()
 	size := img.Size()
-	nextData := func(off int64) (int64, error) { return img.NextDataContext(context.Background(), off) }
-	nextHole := func(off int64) (int64, error) { return img.NextHoleContext(context.Background(), off) }
+	nextData := func(off int64) (int64, error) { return img.NextData(context.Background(), off) }
+	nextHole := func(off int64) (int64, error) { return img.NextHole(context.Background(), off) }
 	for _, tc := range []struct {
 		name string
 		f    func(int64) (int64, error)
@@ -156,10 +156,10 @@ func TestSeekEdges(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ei.Close()
-	if _, err := ei.NextDataContext(context.Background(), 0); !errors.Is(err, qcow2.ErrNoData) {
+	if _, err := ei.NextData(context.Background(), 0); !errors.Is(err, qcow2.ErrNoData) {
 		t.Errorf("NextData on an empty disk: %v", err)
 	}
-	if h, err := ei.NextHoleContext(context.Background(), 0); h != 0 || err != nil {
+	if h, err := ei.NextHole(context.Background(), 0); h != 0 || err != nil {
 		t.Errorf("NextHole(0) on an empty disk = %d, %v", h, err)
 	}
 }

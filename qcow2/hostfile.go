@@ -246,6 +246,13 @@ func (m *metaFile) table(off int64, what string) ([]uint64, error) {
 	return m.words(off, m.clusterSize/8, what)
 }
 
+// putWord puts v at the start of b, big-endian, as tables hold words.
+func putWord(b []byte, v uint64) {
+	_ = b[7]
+	b[0], b[1], b[2], b[3] = byte(v>>56), byte(v>>48), byte(v>>40), byte(v>>32)
+	b[4], b[5], b[6], b[7] = byte(v>>24), byte(v>>16), byte(v>>8), byte(v)
+}
+
 // encodeWords encodes src as big-endian 64-bit words into dst
 // (len(dst) >= 8*len(src)).
 func encodeWords(dst []byte, src []uint64) {

@@ -52,7 +52,7 @@ func TestVirtualSizeInSectors(t *testing.T) {
 	}
 	compareWithRaw(t, img, raw)
 	var end int64
-	img.MapContext(context.Background(), func(e qcow2.MapEntry) error { end = e.Start + e.Length; return nil })
+	img.Map(context.Background(), func(e qcow2.MapEntry) error { end = e.Start + e.Length; return nil })
 	if q := qemu.Map(t, p); end != q[len(q)-1].Start+q[len(q)-1].Length {
 		t.Errorf("the map ends at %d, qemu-img map's at %d", end, q[len(q)-1].Start+q[len(q)-1].Length)
 	}

@@ -190,25 +190,6 @@ func (img *Image) openForWriting(c *chain) error {
 	return nil
 }
 
-// Pin keeps the host clusters a caller is about to find with Extent (and
-// read or splice from their host files) from being reused for other data
-// by a concurrent write, until Release. ReadAt pins by itself.
-func (img *Image) Pin() Pin { return img.pins.take() }
-
-// PinRange is Pin for a read of guest range [off, off+n) that lasts until
-// Release: on an image open for writing it also holds the range against
-// in-place writes, so that the read sees each sector whole, old or new
-// (sectorlock.go). Release it once the bytes have been copied out (for a
-// spliced reply, after it has gone to the kernel).
-func (img *Image) PinRange(off, n int64) Pin {
-	pin := img.pins.take()
-	if w := img.w; w != nil && n > 0 {
-		w.sectors.rlock(off, off+n)
-		pin.rl, pin.start, pin.end = w.sectors, off, off+n
-	}
-	return pin
-}
-
 // Size returns the virtual disk size in bytes.
 func (img *Image) Size() int64 { return img.top.vsize() }
 

@@ -1,5 +1,11 @@
 package qcow2
 
+import (
+	"fmt"
+
+	"github.com/qcowfs/qcowfs/luks"
+)
+
 // Info is the summary `qemu-img info --output=json` prints for a qcow2
 // image, with the same JSON field names, so scripts written for qemu-img
 // read it unchanged.
@@ -77,7 +83,7 @@ func (img *Image) Info() Info {
 	}
 	if l.crypt != nil {
 		info.Encrypted = true
-		info.FormatSpecific.Data.Encrypt = l.crypt.info()
+		info.FormatSpecific.Data.Encrypt = encryptInfo(l.crypt.header)
 	}
 	return info
 }
@@ -120,3 +126,91 @@ func headerInfo(h *Header, name string, f HostFile) Info {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// Encrypt is qemu's "encrypt" object (QCryptoBlockInfo): the format, and
+// for LUKS the header's parameters.
+type Encrypt struct {
+	Format string `json:"format"` // "aes" or "luks"
+	*LUKSInfo
+}
+
+// LUKSInfo is QCryptoBlockInfoLUKS, with qemu's names.
+type LUKSInfo struct {
+	CipherAlg      string     `json:"cipher-alg"`
+	CipherMode     string     `json:"cipher-mode"`
+	IvgenAlg       string     `json:"ivgen-alg"`
+	IvgenHashAlg   string     `json:"ivgen-hash-alg,omitempty"`
+	HashAlg        string     `json:"hash-alg"`
+	PayloadOffset  int64      `json:"payload-offset"`
+	MasterKeyIters uint32     `json:"master-key-iters"`
+	UUID           string     `json:"uuid"`
+	Slots          []LUKSSlot `json:"slots"`
+}
+
+// LUKSSlot is one key slot; Iters and Stripes are only given for an
+// active slot.
+type LUKSSlot struct {
+	Active    bool    `json:"active"`
+	Iters     *uint32 `json:"iters,omitempty"`
+	Stripes   *uint32 `json:"stripes,omitempty"`
+	KeyOffset int64   `json:"key-offset"`
+}
+
+// encryptInfo is what qemu-img info says of an image's encryption: legacy
+// AES (h nil), or LUKS with header h's parameters.
+func encryptInfo(h *luks.Header) *Encrypt {
+	if h == nil {
+		return &Encrypt{Format: "aes"}
+	}
+	s := h.Spec()
+	li := &LUKSInfo{
+		CipherAlg: s.CipherAlg, CipherMode: s.CipherMode, IvgenAlg: s.IvgenAlg, IvgenHashAlg: s.IvgenHashAlg,
+		HashAlg:        s.HashAlg,
+		PayloadOffset:  int64(h.PayloadOffset) * luks.SectorSize,
+		MasterKeyIters: h.MKDigestIter,
+		UUID:           h.UUID,
+	}
+	for _, sl := range h.Slots {
+		ls := LUKSSlot{Active: sl.Active, KeyOffset: int64(sl.KeyOffset) * luks.SectorSize}
+		if sl.Active {
+			ls.Iters, ls.Stripes = ptr(sl.Iterations), ptr(sl.Stripes)
+		}
+		li.Slots = append(li.Slots, ls)
+	}
+	return &Encrypt{Format: "luks", LUKSInfo: li}
+}
+
+// DescribeEncrypted describes the encrypted qcow2 image at path without
+// its key, as qemu-img info does (it opens the image without I/O, so
+// never unlocks it), without the snapshot and bitmap lists (which would
+// need the image opened): the header as Open reads it, and the LUKS
+// header as Open parses it. It fails with ErrNotEncrypted for an image
+// that is not encrypted.
+func DescribeEncrypted(path string) (Info, error) {
+	f, err := OpenFile(path)
+	if err != nil {
+		return Info{}, err
+	}
+	defer f.Close()
+	size, err := f.Size()
+	if err != nil {
+		return Info{}, err
+	}
+	h, err := readHeader(f, size)
+	if err != nil {
+		return Info{}, err
+	}
+	var lh *luks.Header
+	switch h.CryptMethod {
+	case cryptNone:
+		return Info{}, fmt.Errorf("%s: %w", path, ErrNotEncrypted)
+	case cryptLUKS:
+		if _, lh, err = readLUKSHeader(f, h, luks.HeaderLen); err != nil {
+			return Info{}, err
+		}
+	}
+	info := headerInfo(h, path, f)
+	info.Encrypted = true
+	info.FormatSpecific.Data.Encrypt = encryptInfo(lh)
+	return info, nil
+}

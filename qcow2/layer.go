@@ -105,8 +105,10 @@ func (l *layer) close() error {
 	return first
 }
 
-// newQcow2Layer reads the header and L1 table of the qcow2 file f.
-func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
+// newQcow2Layer reads the header and L1 table of the qcow2 file f. A
+// failure gives back whatever the layer took: its memory charge and its
+// cipher (whose key it clears). The caller closes f.
+func newQcow2Layer(f HostFile, depth int, opts *Options) (_ *layer, err error) {
 	name := f.Name()
 	size, err := f.Size()
 	if err != nil {
@@ -140,16 +142,22 @@ func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
 	}
 	l.l2Bits = l.clusterBits - uint(l.l2EntryBits())
 	l.comp.decomp = newDecompressor(h.CompressionType, l.clusterSize())
+	defer func() {
+		if err != nil {
+			l.budget.close()
+			if l.crypt != nil {
+				l.crypt.c.Close()
+			}
+		}
+	}()
 	if h.CryptMethod != cryptNone {
 		if err := l.unlock(opts); err != nil {
-			l.budget.close()
 			return nil, err
 		}
 	}
 
 	if depth == 0 {
 		if l.snapshots, l.snapTableSize, err = readSnapshots(&l.meta, h, l.vsize(), l.budget); err != nil {
-			l.budget.close()
 			return nil, err
 		}
 	}
@@ -168,14 +176,12 @@ func newQcow2Layer(f HostFile, depth int, opts *Options) (*layer, error) {
 			}
 		}
 		if s.Err != nil {
-			l.budget.close()
 			return nil, fmt.Errorf("cannot open the snapshot: %w", s.Err)
 		}
 		l1Off, l1Size = int64(s.L1TableOffset), s.L1Size
 		l.virtSize.Store(s.Size)
 	}
 	if err := l.loadL1(l1Off, l1Size, !opts.LenientTables); err != nil {
-		l.budget.close()
 		return nil, err
 	}
 	return l, nil

@@ -28,14 +28,14 @@ func (e *MapEntry) mergeable(next *MapEntry) bool {
 	return e.Offset == nil || *e.Offset+e.Length == *next.Offset
 }
 
-// MapContext calls fn with the image's map, extent by extent, merged the
-// way qemu-img map merges them, from offset 0 to the end of the disk,
-// stopping with ctx's error when ctx is done. Its work is what its output
-// is, and no more: in an image without a backing
-// file, an L2 table's entries depend on the table alone, so a table that
-// many L1 entries name is looked up once and its entries repeated (at
-// most maxMapMemo of them kept).
-func (img *Image) MapContext(ctx context.Context, fn func(MapEntry) error) error {
+// Map calls fn with the image's map, extent by extent, merged the way
+// qemu-img map merges them, from offset 0 to the end of the disk, stopping
+// with ctx's error when ctx is done. Its work is what its output is, and
+// no more: in an image without a backing file, an L2 table's entries
+// depend on the table alone, so a table that many L1 entries name is
+// looked up once and its entries repeated (at most maxMapMemo of them
+// kept).
+func (img *Image) Map(ctx context.Context, fn func(MapEntry) error) error {
 	l := img.top
 	size := img.Size()
 	var cur MapEntry
@@ -120,7 +120,7 @@ func (img *Image) MapContext(ctx context.Context, fn func(MapEntry) error) error
 	return nil
 }
 
-// maxMapMemo bounds the entries MapContext keeps for tables named again.
+// maxMapMemo bounds the entries Map keeps for tables named again.
 const maxMapMemo = 1 << 20
 
 // mapEntry is the MapEntry of one extent.

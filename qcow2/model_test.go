@@ -289,7 +289,7 @@ func (r *modelRun) finish() {
 		if err != nil {
 			r.fatalf("open for check: %v", err)
 		}
-		res, err := c.CheckContext(context.Background(), nil)
+		res, err := c.Check(context.Background(), nil)
 		c.Close()
 		if err != nil || res.Corruptions+res.Leaks+res.CheckErrors > 0 {
 			r.fatalf("check: %v %+v %v", err, res, res.Messages)

@@ -24,6 +24,50 @@ const (
 	maxRefcountTableBytes = 8 << 20
 )
 
+// refFormat is how refcount entries are laid out in a refcount block.
+type refFormat struct {
+	perBlock int64  // entries per refcount block
+	width    uint   // bits per entry
+	max      uint64 // the largest refcount an entry holds
+}
+
+func newRefFormat(order uint32, clusterSize int64) refFormat {
+	f := refFormat{width: 1 << order}
+	f.perBlock = clusterSize * 8 / int64(f.width)
+	f.max = 1<<f.width - 1
+	if f.width == 64 {
+		f.max = ^uint64(0)
+	}
+	return f
+}
+
+// shift is where entry i sits in its 64-bit word: entries narrower than a
+// byte are packed from the least significant bit of each byte, wider ones
+// are big-endian.
+func (f refFormat) shift(i int64) (word int64, shift uint) {
+	width := int64(f.width)
+	bit := i * width
+	word = bit / 64
+	if width >= 8 {
+		return word, uint(64 - bit%64 - width)
+	}
+	byteInWord := (bit / 8) % 8
+	return word, uint(56 - 8*byteInWord + bit%8)
+}
+
+// get returns entry i of refcount block t.
+func (f refFormat) get(t *table, i int64) uint64 {
+	word, shift := f.shift(i)
+	return (t.word(word) >> shift) & f.max
+}
+
+// put sets entry i of refcount block t to v.
+func (f refFormat) put(t *table, i int64, v uint64) {
+	word, shift := f.shift(i)
+	old := t.word(word)
+	t.set(word, old&^(f.max<<shift)|v<<shift)
+}
+
 // refcounts reads one layer's refcount structures; blocks go through the
 // layer's table cache. The table is read on first use.
 type refcounts struct {

@@ -55,3 +55,24 @@ func TestSnapshotsMatchQemu(t *testing.T) {
 		t.Fatalf("the matrix has %d snapshots; the test needs some", found)
 	}
 }
+
+// TestSnapshotNotFoundGivesBackBudget: an open that fails because the
+// snapshot asked for does not exist gives back every byte it charged to
+// the budget (the snapshot table, read before the snapshot is looked up).
+func TestSnapshotNotFoundGivesBackBudget(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "s.qcow2")
+	qemu.Create(t, "qcow2", p, "1M")
+	qemu.IO(t, p, "write -P 0x11 0 64k")
+	qemu.Img(t, "snapshot", "-c", "one", p)
+	for _, opts := range []qcow2.Options{{SnapshotIndex: 9}, {Snapshot: "none such"}} {
+		opts.Budget = qcow2.NewBudget(qcow2.DefaultBudget)
+		img, err := qcow2.Open(p, opts)
+		if err == nil {
+			img.Close()
+			t.Fatalf("snapshot %q (index %d) opened; the image has one snapshot, \"one\"", opts.Snapshot, opts.SnapshotIndex)
+		}
+		if used := opts.Budget.Used(); used != 0 {
+			t.Errorf("snapshot %q (index %d): %v; %d bytes still charged to the budget", opts.Snapshot, opts.SnapshotIndex, err, used)
+		}
+	}
+}

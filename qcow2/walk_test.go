@@ -97,10 +97,10 @@ func TestWalkOneL2TableEverywhere(t *testing.T) {
 		base := span0 * span
 		within(t, "lseek", 10*time.Second, func() {
 			for _, r := range pattern {
-				if d, err := img.NextDataContext(context.Background(), base+r[0]); err != nil || d != base+r[0] {
+				if d, err := img.NextData(context.Background(), base+r[0]); err != nil || d != base+r[0] {
 					t.Errorf("span %d: NextData(%d) = %d, %v; want %d", span0, base+r[0], d, err, base+r[0])
 				}
-				if h, err := img.NextHoleContext(context.Background(), base+r[0]); err != nil || h != base+r[1] {
+				if h, err := img.NextHole(context.Background(), base+r[0]); err != nil || h != base+r[1] {
 					t.Errorf("span %d: NextHole(%d) = %d, %v; want %d", span0, base+r[0], h, err, base+r[1])
 				}
 			}
@@ -128,7 +128,7 @@ func TestWalkBudget(t *testing.T) {
 	}
 	defer img.Close()
 	within(t, "NextData", 30*time.Second, func() {
-		d, err := img.NextDataContext(context.Background(), 0)
+		d, err := img.NextData(context.Background(), 0)
 		if err != nil || d < 0 || d >= img.Size() {
 			t.Errorf("NextData(0) = %d, %v; want a conservative offset inside the disk", d, err)
 		}
@@ -136,27 +136,27 @@ func TestWalkBudget(t *testing.T) {
 			t.Errorf("a conservative answer with %d warnings: %q", len(warned), warned)
 		}
 		// A second one is not logged again.
-		img.NextDataContext(context.Background(), 0)
+		img.NextData(context.Background(), 0)
 		if len(warned) != 1 {
 			t.Errorf("%d warnings after two walks: %q", len(warned), warned)
 		}
 	})
 	within(t, "NextHole", 10*time.Second, func() {
-		if h, err := img.NextHoleContext(context.Background(), 0); err != nil || h != 0 {
+		if h, err := img.NextHole(context.Background(), 0); err != nil || h != 0 {
 			t.Errorf("NextHole(0) = %d, %v; all zeros", h, err)
 		}
 	})
 	// A context that is done stops the walk.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := img.DataBytesInContext(ctx, 0, img.Size()); !errors.Is(err, context.Canceled) {
-		t.Errorf("DataBytesInContext with a cancelled context: %v", err)
+	if _, err := img.DataBytesIn(ctx, 0, img.Size()); !errors.Is(err, context.Canceled) {
+		t.Errorf("DataBytesIn with a cancelled context: %v", err)
 	}
-	if err := img.MapContext(ctx, func(qcow2.MapEntry) error { return nil }); !errors.Is(err, context.Canceled) {
-		t.Errorf("MapContext with a cancelled context: %v", err)
+	if err := img.Map(ctx, func(qcow2.MapEntry) error { return nil }); !errors.Is(err, context.Canceled) {
+		t.Errorf("Map with a cancelled context: %v", err)
 	}
-	if _, err := img.CheckContext(ctx, nil); !errors.Is(err, context.Canceled) {
-		t.Errorf("CheckContext with a cancelled context: %v", err)
+	if _, err := img.Check(ctx, nil); !errors.Is(err, context.Canceled) {
+		t.Errorf("Check with a cancelled context: %v", err)
 	}
 }
 
@@ -174,7 +174,7 @@ func TestWalkSparseL1(t *testing.T) {
 	}
 	defer img.Close()
 	within(t, "NextData", 10*time.Second, func() {
-		if d, err := img.NextDataContext(context.Background(), 0); err != nil || d != last {
+		if d, err := img.NextData(context.Background(), 0); err != nil || d != last {
 			t.Errorf("NextData(0) = %d, %v; qemu-io wrote at %d", d, err, last)
 		}
 		if n, err := img.DataBytes(); err != nil || n != 64<<10 {
@@ -203,7 +203,7 @@ func TestPreallocProbeSparseFile(t *testing.T) {
 	defer img.Close()
 	within(t, "Map", 30*time.Second, func() {
 		var got []string
-		img.MapContext(context.Background(), func(e qcow2.MapEntry) error {
+		img.Map(context.Background(), func(e qcow2.MapEntry) error {
 			got = append(got, fmt.Sprintf("%d+%d %v %v", e.Start, e.Length, e.Data, e.Zero))
 			return nil
 		})
@@ -216,7 +216,7 @@ func TestPreallocProbeSparseFile(t *testing.T) {
 		}
 	})
 	within(t, "Check", 60*time.Second, func() {
-		res, err := img.CheckContext(context.Background(), nil)
+		res, err := img.Check(context.Background(), nil)
 		if err != nil || res.Corruptions != 0 || res.Leaks != 0 {
 			t.Errorf("Check: %+v, %v", res, err)
 		}

@@ -25,6 +25,9 @@ type guestHolds struct {
 	ranges []guestRange
 }
 
+// newGuestHolds returns the holds of a writer whose mutex is mu.
+func newGuestHolds(mu *sync.Mutex) guestHolds { return guestHolds{cond: sync.NewCond(mu)} }
+
 // maxRunBytes bounds one run of a write, so that a large write does not
 // hold a long guest range (or allocate) all at once.
 const maxRunBytes = 4 << 20
@@ -81,7 +84,7 @@ func (img *Image) readOnly() error {
 // first start succeeds, every start tries again: one that failed (a full
 // host disk) must not let the next write go ahead without in_use.
 func (w *writer) start(off, n int64) error {
-	if err := w.usable(); err != nil {
+	if err := w.host.usable(); err != nil {
 		return err
 	}
 	w.mu.Lock()
@@ -106,22 +109,22 @@ func (w *writer) cleanHeader() error {
 	// end). (Not further: refcounts past that are a damaged image's.)
 	// Likewise a data file covers the whole disk.
 	cs := w.l.clusterSize()
-	if err := w.reserveFile(min(w.alloc.end*cs, (w.l.fsize()+cs-1)&^(cs-1))); err != nil {
+	if err := w.host.reserveFile(min(w.alloc.inUseEnd()*cs, (w.l.fsize()+cs-1)&^(cs-1))); err != nil {
 		return err
 	}
-	if err := w.growDataFile(); err != nil {
+	if err := w.host.growDataFile(); err != nil {
 		return err
 	}
 	if w.l.hdr.Version < 3 {
 		return nil
 	}
-	auto := w.headerField(fieldAutoclearFeatures)
+	auto := w.host.headerField(fieldAutoclearFeatures)
 	keep := auto & AutoclearDataFileRaw
 	if w.bitmaps.dir != nil {
 		keep |= auto & AutoclearBitmaps // kept true (bitmapwrite.go)
 	}
 	if keep != auto {
-		if err := w.updateHeader(func(h []byte) { fieldAutoclearFeatures.put(h, keep) }); err != nil {
+		if err := w.host.updateHeader(func(h []byte) { fieldAutoclearFeatures.put(h, keep) }); err != nil {
 			return err
 		}
 	}
@@ -158,7 +161,7 @@ func (w *writer) writeRun(p []byte, off int64) (int, error) {
 	w.sectors.lock(off, off+n)
 	k, host, err := w.inPlaceRun(off, n)
 	if err == nil && k > 0 {
-		err = w.writeData(p[:k], host, pin)
+		err = w.host.writeData(p[:k], host, pin)
 		w.sectors.unlock(off, off+n, true)
 		pin.Release()
 		if err != nil {
@@ -223,9 +226,9 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 	first, last := off/cs, (off+int64(len(p))-1)/cs
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.hold(first*cs, (last+1)*cs)
-	defer w.unhold(first*cs, (last+1)*cs)
-	if err := w.usable(); err != nil {
+	w.holds.hold(first*cs, (last+1)*cs)
+	defer w.holds.unhold(first*cs, (last+1)*cs)
+	if err := w.host.usable(); err != nil {
 		return 0, err
 	}
 
@@ -260,7 +263,7 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 		return 0, nil
 	}
 	if fresh > 0 {
-		runs, err := w.allocate(fresh)
+		runs, err := w.alloc.allocate(fresh)
 		if err != nil {
 			return 0, err
 		}
@@ -270,11 +273,9 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 				if runs[0].start += cs; runs[0].start == runs[0].end {
 					runs = runs[1:]
 				}
-				c := host / cs
 				// (A host range that reads zeros is no zero data in an
 				// encrypted image: nothing is skipped there.)
-				pl.host, pl.zeroed = host, (c >= w.growth.zeroFrom || w.frees.zeroed[c]) && l.crypt == nil
-				delete(w.frees.zeroed, c)
+				pl.host, pl.zeroed = host, w.host.clusterReadsZero(host/cs) && l.crypt == nil
 			}
 		}
 	}
@@ -289,7 +290,7 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 	if err != nil {
 		// (A copy-on-write part that cannot be read, say.) The fresh
 		// clusters were never linked: they go back, not leak.
-		w.unallocate(plans)
+		w.frees.unallocate(plans)
 		return 0, err
 	}
 	// Linked into the table ownedL2 returned: the writer owns it, and
@@ -302,13 +303,14 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 		return 0, err
 	}
 	if l.external() {
+		end := int64(0)
 		for _, pl := range plans {
-			w.growth.dataEnd = max(w.growth.dataEnd, pl.host+min(cs, l.vsize()-pl.g*cs))
+			end = max(end, pl.host+min(cs, l.vsize()-pl.g*cs))
 		}
-		l.dataLen.Store(max(l.dataLen.Load(), w.growth.dataEnd))
+		w.host.dataWritten(end)
 	}
 	w.img.invalidate(off, written)
-	if w.dirty.bytes > maxDirtyBytes {
+	if w.dirty.full() {
 		if err := w.flushLocked(); err != nil {
 			return int(written), err
 		}
@@ -317,34 +319,34 @@ func (w *writer) allocRun(p []byte, off int64) (int, error) {
 }
 
 // hold waits until no other operation holds any of guest range
-// [start, end), then holds it. The caller holds w.mu.
-func (w *writer) hold(start, end int64) {
+// [start, end), then holds it. The caller holds w.mu (the cond's lock).
+func (h *guestHolds) hold(start, end int64) {
 	for {
 		free := true
-		for _, s := range w.holds.ranges {
+		for _, s := range h.ranges {
 			if s.start < end && start < s.end {
 				free = false
 				break
 			}
 		}
 		if free {
-			w.holds.ranges = append(w.holds.ranges, guestRange{start, end})
+			h.ranges = append(h.ranges, guestRange{start, end})
 			return
 		}
-		w.holds.cond.Wait()
+		h.cond.Wait()
 	}
 }
 
 // unhold releases a range hold took. The caller holds w.mu.
-func (w *writer) unhold(start, end int64) {
-	for i, s := range w.holds.ranges {
+func (h *guestHolds) unhold(start, end int64) {
+	for i, s := range h.ranges {
 		if s.start == start && s.end == end {
-			w.holds.ranges[i] = w.holds.ranges[len(w.holds.ranges)-1]
-			w.holds.ranges = w.holds.ranges[:len(w.holds.ranges)-1]
+			h.ranges[i] = h.ranges[len(h.ranges)-1]
+			h.ranges = h.ranges[:len(h.ranges)-1]
 			break
 		}
 	}
-	w.holds.cond.Broadcast()
+	h.cond.Broadcast()
 }
 
 // invalidate drops what the image built from the content of guest range
@@ -365,9 +367,20 @@ func (img *Image) invalidate(off, n int64) {
 }
 
 // Resize grows the virtual disk to size bytes (a multiple of 512); the new
-// part reads as zeros. Shrinking is refused and changes nothing. A larger
-// L1 table is written elsewhere first, and the header switched to it (and
-// to the new size) with one synced write.
+// part reads as zeros. Shrinking is refused and changes nothing. In this
+// order, each step durable before the next:
+//
+//  1. everything dirty is flushed;
+//  2. the bitmaps' tables grow to cover the new size (growBitmaps);
+//  3. if the L1 table is too small: the old one is checked to be
+//     releasable (else the image is corrupt, and nothing of the move is
+//     written), a larger one is allocated past the clusters in use and
+//     written, and its refcounts made durable with the refcount table
+//     entries naming new blocks (persistRefcounts);
+//  4. the header is switched to the new size (and table) with one synced
+//     write of its first sector (updateHeader);
+//  5. an external data file grows to the new size, and only then is the
+//     old L1 table given back.
 func (img *Image) Resize(size int64) error {
 	w := img.w
 	if w == nil {
@@ -406,21 +419,21 @@ func (img *Image) Resize(size int64) error {
 	}
 	t := l.l1.Load()
 	if need <= t.len() {
-		if err := w.updateHeader(func(h []byte) { fieldSize.put(h, uint64(size)) }); err != nil {
+		if err := w.host.updateHeader(func(h []byte) { fieldSize.put(h, uint64(size)) }); err != nil {
 			return err
 		}
 		l.virtSize.Store(size)
-		return w.growDataFile()
+		return w.host.growDataFile()
 	}
 	// A new L1 table, all entries of the old one and zeros. The old one
 	// is given back once the header names the new one: check first that
 	// it can be.
 	oldOff, oldLen := t.off, (t.len()*8+cs-1)/cs*cs
-	if err := w.tableReleasable(oldOff, oldLen, MetaL1); err != nil {
+	if err := w.frees.tableReleasable(oldOff, oldLen, MetaL1); err != nil {
 		return err
 	}
 	clusters := (need*8 + cs - 1) / cs
-	off, err := w.allocateTable(clusters)
+	off, err := w.alloc.allocateTable(clusters)
 	if err != nil {
 		return err
 	}
@@ -430,10 +443,10 @@ func (img *Image) Resize(size int64) error {
 	}
 	buf := make([]byte, len(entries)*8)
 	encodeWords(buf, entries)
-	if err := w.addMeta(off, clusters*cs, MetaL1); err != nil {
+	if err := w.host.addMeta(off, clusters*cs, MetaL1); err != nil {
 		return err
 	}
-	if err := w.writeMeta(buf, off, MetaL1); err != nil {
+	if err := w.host.writeMeta(buf, off, MetaL1); err != nil {
 		return err
 	}
 	// The new table and its refcounts, with the refcount table entries
@@ -443,7 +456,7 @@ func (img *Image) Resize(size int64) error {
 	}
 	// The header as it is now: allocating the table may have grown the
 	// refcount table, which switched the header already.
-	if err := w.updateHeader(func(h []byte) {
+	if err := w.host.updateHeader(func(h []byte) {
 		fieldSize.put(h, uint64(size))
 		fieldL1Size.put(h, uint64(need))
 		fieldL1TableOffset.put(h, uint64(off))
@@ -452,12 +465,12 @@ func (img *Image) Resize(size int64) error {
 	}
 	l.l1.Store(&l1Table{off: off, entries: entries[:need]})
 	l.virtSize.Store(size)
-	if err := w.growDataFile(); err != nil {
+	if err := w.host.growDataFile(); err != nil {
 		return err
 	}
 	// The header names the new table: the old one's clusters are free.
-	if err := w.releaseTable(oldOff, oldLen, MetaL1); err != nil {
+	if err := w.frees.releaseTable(oldOff, oldLen, MetaL1); err != nil {
 		return err
 	}
-	return w.reclaim()
+	return w.frees.reclaim()
 }

@@ -87,7 +87,7 @@ func BenchmarkOverlapCheck(b *testing.B) {
 	r := rand.New(rand.NewPCG(3, 3))
 	offs := make([]int64, 4096)
 	for i := range offs {
-		offs[i] = r.Int64N(w.growth.fileEnd) &^ 4095
+		offs[i] = r.Int64N(w.host.size()) &^ 4095
 	}
 	b.ResetTimer()
 	for i := range b.N {

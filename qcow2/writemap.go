@@ -50,14 +50,14 @@ func (w *writer) ownedL2(l1i int64) (*table, int64, error) {
 		}
 	}
 	if off != 0 && e.copied() {
-		tab, err := w.dirtyTable(off, MetaL2)
+		tab, err := w.dirty.table(off, MetaL2)
 		return tab, off, err
 	}
 	cs := l.clusterSize()
 	if off != 0 {
 		// The shared table is freed once the new one is durable:
 		// refuse now if that would free anything but an L2 table.
-		if err := w.freeable(off/cs, 1, MetaL2); err != nil {
+		if err := w.frees.freeable(off/cs, 1, MetaL2); err != nil {
 			return nil, 0, err
 		}
 	}
@@ -79,26 +79,24 @@ func (w *writer) ownedL2(l1i int64) (*table, int64, error) {
 			}
 		}
 	}
-	noff, err := w.allocateOne()
+	noff, err := w.alloc.allocateOne()
 	if err != nil {
 		return nil, 0, err
 	}
-	if err := w.addMeta(noff, cs, MetaL2); err != nil {
+	if err := w.host.addMeta(noff, cs, MetaL2); err != nil {
 		return nil, 0, err
 	}
-	ce := l.cache.put(cacheKey{owner: l.owner, off: noff}, words)
-	ce.table.touch(0, len(words))
-	w.markDirty(ce, MetaL2)
+	tab := w.dirty.put(noff, words, MetaL2, true)
 	atomicStoreL1(t, l1i, l1Entry(uint64(noff)|oflagCopied))
-	w.dirtyL1(l1i)
+	w.dirty.markL1(l1i)
 	if off != 0 {
 		// The L1 entry stops naming the shared table once it is
 		// durable: then the table counts one reference less.
-		if err := w.free(off/cs, 1, MetaL2); err != nil {
+		if err := w.frees.free(off/cs, 1, MetaL2); err != nil {
 			return nil, 0, err
 		}
 	}
-	return ce.table, noff, nil
+	return tab, noff, nil
 }
 
 // inPlace reports whether a write of [a, b) of a guest cluster with entry
@@ -137,7 +135,7 @@ func (w *writer) plan(g, idx int64, e l2Entry, a, b int64) (clusterPlan, error) 
 		p.host = g * cs
 		// Past the data file's size at open it reads zeros until
 		// written (grown with truncate, or never reached).
-		p.zeroed = p.host >= w.growth.dataZeroFrom && l.crypt == nil
+		p.zeroed = w.host.dataReadsZero(p.host) && l.crypt == nil
 	case owned:
 		h, err := w.dataCluster(e, g)
 		if err != nil {
@@ -150,7 +148,7 @@ func (w *writer) plan(g, idx int64, e l2Entry, a, b int64) (clusterPlan, error) 
 		// refuse now, before anything is written, if that would free
 		// metadata.
 		if first, n := w.referenced(e); n > 0 {
-			if err := w.freeable(first, n, 0); err != nil {
+			if err := w.frees.freeable(first, n, 0); err != nil {
 				return p, err
 			}
 		}
@@ -234,7 +232,7 @@ func (w *writer) link(tab *table, plans []clusterPlan) error {
 			continue
 		}
 		if first, n := w.referenced(p.old); n > 0 {
-			if err := w.free(first, n, 0); err != nil {
+			if err := w.frees.free(first, n, 0); err != nil {
 				return err
 			}
 		}
@@ -270,6 +268,6 @@ func (w *writer) dataCluster(e l2Entry, g int64) (int64, error) {
 	}
 	err := &FormatError{File: l.name, Field: "L2 entry", Value: e.word, Offset: -1,
 		Msg: fmt.Sprintf("data cluster offset %#x unaligned (guest offset: %#x): the image is corrupt; it is marked so and no longer written", h, g<<l.clusterBits)}
-	w.markCorrupt(err)
+	w.host.markCorrupt(err)
 	return 0, err
 }

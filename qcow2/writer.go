@@ -12,24 +12,31 @@ import (
 // read-only. An image that cannot be written safely opens read-only, and
 // Image.ReadOnlyReason says why: qcowfs shows it read-only with that line.
 //
-// The writer is made of parts, each owned by one room (file) of the write
-// path, which alone changes it:
-//   - alloc.go, the allocator: free clusters and their refcounts,
-//     refcount blocks and the refcount table's growth.
-//   - dirty.go, the dirty set: tables changed in memory and not yet
-//     written back.
-//   - freeing.go, the free lists: references whose removal waits for a
-//     flush, clusters in quarantine until no request can see them, and
-//     the pins that decide when.
-//   - hostwrite.go, the door to the host files: every write, sync, punch
-//     and growth of them, checked against the metadata map; the header;
-//     the files' sizes as the writer made them.
-//   - write.go: WriteAt, Discard, WriteZeroes, Resize, in runs of guest
-//     clusters, and the guest ranges they hold.
-//   - writemap.go, cow.go: planning and linking the clusters of a write,
-//     copy-on-write.
-//   - flush.go: the ordered write-back.
-//   - sectorlock.go, behind.go, direct.go: reads and writes in flight.
+// The writer is made of parts, each a type in its own file that holds its
+// state and acts on it; the others go through its methods (its doors),
+// never its fields:
+//   - allocator (alloc.go): free clusters and their refcounts, refcount
+//     blocks, new tables; handed an allocEnv (allocDoors below) for the
+//     refcount blocks, the metadata map, file space and the refcount
+//     table's growth.
+//   - dirtySet (dirty.go): tables changed in memory and not yet written
+//     back, and the walk the flush follows.
+//   - freeLists (freeing.go): references whose removal waits for a
+//     flush, clusters in quarantine until no pin (pin.go) can see them.
+//   - hostDoor (hostwrite.go): the door to the host files: every write,
+//     sync, punch and growth of them, checked against the metadata map;
+//     the header; the files' sizes as the writer made them; whether a
+//     write failed or found the image corrupt.
+//   - guestHolds (write.go): the guest ranges of writes that change
+//     metadata.
+//
+// The writer's own methods orchestrate them: write.go (WriteAt, Resize,
+// in runs of guest clusters), zero.go (Discard, WriteZeroes),
+// writemap.go and cow.go (planning and linking the clusters of a write,
+// copy-on-write), flush.go (the ordered write-back), reftable.go (the
+// refcount table's growth), bitmapwrite.go (persistent bitmaps);
+// sectorlock.go, behind.go and direct.go hold reads and writes in
+// flight.
 
 // writer is the write side of an image opened for writing.
 //
@@ -41,30 +48,22 @@ import (
 type writer struct {
 	img *Image
 	l   *layer
-	f   WritableFile // the image file
-	df  WritableFile // where data clusters live: the external data file, or f
 
 	mu      sync.Mutex
 	holds   guestHolds  // guest ranges of writes that change metadata (write.go)
 	bitmaps bitmapState // persistent dirty bitmaps kept true (bitmapwrite.go)
-	alloc   allocator   // free clusters and refcounts (alloc.go)
+	alloc   *allocator  // free clusters and refcounts (alloc.go)
 	dirty   dirtySet    // tables changed and not yet written back (dirty.go)
 	frees   freeLists   // references and clusters on their way out (freeing.go)
-	growth  growth      // the files' sizes as the writer made them (hostwrite.go)
-	hdr     headerSector
-	behind  *behind    // data writes in flight (behind.go)
-	sectors *rangeLock // guest ranges read, and written in place (sectorlock.go)
-	rmw     *rangeLock // encrypted images: sectors being rewritten (encrypt.go)
+	host    *hostDoor   // every host write, sync, punch and growth; failed and corrupt (hostwrite.go)
+	behind  *behind     // data writes in flight (behind.go)
+	sectors *rangeLock  // guest ranges read, and written in place (sectorlock.go)
+	rmw     *rangeLock  // encrypted images: sectors being rewritten (encrypt.go)
 
 	headerCleaned bool // unknown autoclear bits cleared (once, at the first write)
 	modified      bool // something was written since the image was opened
 
-	// failed is sticky: a host write or sync failed, and every later
-	// flush fails. corrupt: an overlap was found, and no more writes are
-	// made at all. Both are read without mu by in-place writes.
-	failed  atomic.Pointer[error]
-	corrupt atomic.Pointer[error]
-	st      writeCounters
+	st writeCounters
 }
 
 // writeCounters are the writer's counters, atomics so that writes outside
@@ -110,31 +109,22 @@ func readOnlyReason(l *layer) string {
 // opened for writing, df its data file (nil without one).
 func openWriter(img *Image, f, df WritableFile) (*writer, error) {
 	l := img.top
-	w := &writer{img: img, l: l, f: f, df: f, behind: newBehind(), sectors: newRangeLock(), rmw: newRangeLock()}
-	w.dirty.tables = map[int64]dirtyEntry{}
-	w.holds.cond = sync.NewCond(&w.mu)
-	if df != nil {
-		w.df = df
-		w.growth.dataEnd = l.dataLen.Load()
-		w.growth.dataZeroFrom = (w.growth.dataEnd + l.clusterSize() - 1) &^ (l.clusterSize() - 1)
-	}
+	w := &writer{img: img, l: l, behind: newBehind(), sectors: newRangeLock(), rmw: newRangeLock()}
+	w.holds = newGuestHolds(&w.mu)
 	rt, err := l.refcountTable()
 	if err != nil {
 		return nil, err
 	}
-	w.alloc.reft = &table{words: append([]uint64(nil), rt...)}
-	w.alloc.reftOff = int64(l.hdr.RefcountTableOffset)
-	w.hdr.cur, w.hdr.buf = make([]byte, 512), make([]byte, 512)
-	if err := readFull(f, w.hdr.cur[:min(512, l.fsize())], 0, "header"); err != nil {
+	if w.host, err = newHostDoor(l, f, df, w.behind, &w.st); err != nil {
 		return nil, err
 	}
-	w.alloc.ref = newRefFormat(l.hdr.RefcountOrder, l.clusterSize())
-	cs := l.clusterSize()
-	w.growth.fileEnd = l.fsize()
-	w.growth.zeroFrom = (l.fsize() + cs - 1) / cs
-	if err := w.findEnd(); err != nil {
+	w.dirty = newDirtySet(l, w.host)
+	env := allocDoors{dirtySet: &w.dirty, hostDoor: w.host, w: w}
+	w.alloc, err = newAllocator(env, l.name, l.clusterSize(), l.hdr.RefcountOrder, append([]uint64(nil), rt...), int64(l.hdr.RefcountTableOffset), &w.st.allocations)
+	if err != nil {
 		return nil, err
 	}
+	w.frees = freeLists{l: l, alloc: w.alloc, host: w.host, pins: &img.pins, behind: w.behind}
 	if err := w.openBitmaps(); err != nil {
 		w.closeBitmaps()
 		return nil, err
@@ -142,24 +132,16 @@ func openWriter(img *Image, f, df WritableFile) (*writer, error) {
 	return w, nil
 }
 
-// usable fails if the image can take no more writes.
-func (w *writer) usable() error {
-	if e := w.corrupt.Load(); e != nil {
-		return *e
-	}
-	if e := w.failed.Load(); e != nil {
-		return *e
-	}
-	return nil
+// allocDoors is what the writer hands its allocator (allocEnv): the
+// refcount blocks of the dirty set, the host door's metadata map and file
+// space, and the writer's growth of the refcount table (reftable.go).
+type allocDoors struct {
+	*dirtySet
+	*hostDoor
+	w *writer
 }
 
-// fail records a host I/O error: it sticks, so that every later flush of
-// the image fails too, and no acknowledged write is silently lost.
-func (w *writer) fail(err error) error {
-	sticky := fmt.Errorf("%s: an earlier write or sync failed, so writes since the last successful flush may be lost: %w", w.l.name, err)
-	w.failed.CompareAndSwap(nil, &sticky)
-	return err
-}
+func (a allocDoors) growReftable(need int64) error { return a.w.growReftable(need) }
 
 // WriteStats counts what the writer did, for tests and the daemon's status.
 type WriteStats struct {
@@ -209,20 +191,20 @@ func (w *writer) close() error {
 	}
 	// Whatever happens, the space taken ahead goes back: an image that
 	// failed must not keep a full host file system full.
-	defer w.giveBack()
-	if err := w.usable(); err != nil {
+	defer func() { w.host.giveBack(w.alloc.countedEnd()) }()
+	if err := w.host.usable(); err != nil {
 		return err
 	}
 	for range 3 {
 		if err := w.flushLocked(); err != nil {
 			return err
 		}
-		if len(w.frees.pending) == 0 && len(w.frees.quarantine) == 0 && len(w.dirty.tables) == 0 && !w.dirty.l1 {
+		if w.frees.empty() && w.dirty.empty() {
 			break
 		}
 	}
-	w.giveBack()
-	if err := w.sync(); err != nil {
+	w.host.giveBack(w.alloc.countedEnd())
+	if err := w.host.sync(); err != nil {
 		return err
 	}
 	// Everything is stored: the bitmaps are consistent again.

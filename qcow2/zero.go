@@ -101,9 +101,9 @@ func (w *writer) zeroClusters(off, n int64, keep bool) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.hold(off, off+n)
-	defer w.unhold(off, off+n)
-	if err := w.usable(); err != nil {
+	w.holds.hold(off, off+n)
+	defer w.holds.unhold(off, off+n)
+	if err := w.host.usable(); err != nil {
 		return err
 	}
 	l1i := off >> (l.clusterBits + l.l2Bits)
@@ -149,7 +149,7 @@ func (w *writer) zeroClusters(off, n int64, keep bool) error {
 		// durable (free refuses, before the change, to free metadata).
 		if !external && next.word&l2OffsetMask == 0 {
 			if first, k := w.referenced(e); k > 0 {
-				if err := w.free(first, k, 0); err != nil {
+				if err := w.frees.free(first, k, 0); err != nil {
 					return err
 				}
 			}
@@ -158,13 +158,13 @@ func (w *writer) zeroClusters(off, n int64, keep bool) error {
 		if external {
 			// The data file: give the space back now (a raw data file
 			// must read zeros there; the entry says so too).
-			if err := w.zeroDataFile(g*cs, cs); err != nil {
+			if err := w.host.zeroDataFile(g*cs, cs); err != nil {
 				return err
 			}
 		}
 	}
 	w.img.invalidate(off, n)
-	if w.dirty.bytes > maxDirtyBytes {
+	if w.dirty.full() {
 		return w.flushLocked()
 	}
 	return nil

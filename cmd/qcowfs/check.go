@@ -58,7 +58,7 @@ func (c *checkCmd) Run() error {
 	// Ctrl-C ends the check (exit 1) rather than leaving it to run.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	res, err := o.img.CheckContext(ctx, progress)
+	res, err := o.img.Check(ctx, progress)
 	if progress != nil {
 		fmt.Fprint(os.Stderr, "\r\033[K")
 	}

@@ -65,7 +65,7 @@ func (c *mapCmd) Run() error {
 			// run.
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return o.img.MapContext(ctx, fn)
+			return o.img.Map(ctx, fn)
 		}
 	}
 	return qemuimg.WriteMap(os.Stdout, walk, c.options(size))

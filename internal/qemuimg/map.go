@@ -28,7 +28,7 @@ type MapOptions struct {
 }
 
 // A MapWalk calls fn with the entries of a whole disk in order, and stops
-// with fn's error: qcow2.Image.MapContext, or RawMap for a raw file.
+// with fn's error: qcow2.Image.Map, or RawMap for a raw file.
 type MapWalk func(fn func(qcow2.MapEntry) error) error
 
 // NoOffsetError is qemu-img map's refusal to print, in its human form,

@@ -125,7 +125,7 @@ func mapOf(t *testing.T, path, format string, start, length int64, json bool) ru
 		}
 		defer img.Close()
 		o.End = img.Size()
-		walk = func(fn func(qcow2.MapEntry) error) error { return img.MapContext(context.Background(), fn) }
+		walk = func(fn func(qcow2.MapEntry) error) error { return img.Map(context.Background(), fn) }
 	}
 	if length >= 0 {
 		o.End = min(o.End, start+length)
@@ -152,7 +152,7 @@ func checkOf(t *testing.T, path, format string, json bool) run {
 		return failed(err)
 	}
 	defer img.Close()
-	res, err := img.CheckContext(context.Background(), nil)
+	res, err := img.Check(context.Background(), nil)
 	if err != nil {
 		t.Fatalf("the check could not complete: %v", err)
 	}
