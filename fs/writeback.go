@@ -39,9 +39,14 @@ import (
 //     partitions do not.
 
 // Mount mounts root at dir, as go-fuse's fs.Mount does, with the node
-// file system wrapped in cachedWrites, and returns the serving server.
+// file system wrapped in cachedWrites and, for a writable mount, kindsFS
+// (requests.go), and returns the serving server.
 func Mount(dir string, root *Root, opts *gofs.Options) (*fuse.Server, error) {
-	server, err := fuse.NewServer(cachedWrites{gofs.NewNodeFS(root, opts)}, dir, &opts.MountOptions)
+	nodes := gofs.NewNodeFS(root, opts)
+	if root.m.cfg.Writable {
+		nodes = kindsFS{nodes, &root.m.kinds}
+	}
+	server, err := fuse.NewServer(cachedWrites{nodes}, dir, &opts.MountOptions)
 	if err != nil {
 		return nil, err
 	}
