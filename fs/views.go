@@ -166,6 +166,12 @@ type viewSet struct {
 	mu      sync.Mutex
 	members []weak.Pointer[viewMember]
 
+	// The members' writers, and the members that may hold pages,
+	// counted (changed under mu, read without it): a request through
+	// the only view that writes or caches looks no further. A member
+	// gone is counted out when others finds it gone.
+	writers, caching atomic.Int32
+
 	qmu      sync.Mutex
 	qcond    *sync.Cond
 	queue    []dropping
@@ -186,32 +192,66 @@ type viewMember struct {
 	set *viewSet
 	v   view
 
-	// Guarded by set.mu: handles open, of them for writing, and of
-	// those with the page cache.
-	handles, writers, cachedWriters int
+	// Guarded by set.mu: handles open, and of them with the page cache
+	// for writing; writers (for writing) is changed under it too.
+	handles, cachedWriters int
+	writers                atomic.Int32
 
 	// mayCache: the kernel may hold pages of the view (a handle with
-	// the page cache was opened, or a page-cache request served).
+	// the page cache was opened, or a page-cache request served);
+	// changed under set.mu, counted in set.caching.
 	mayCache atomic.Bool
 }
 
+// setMayCache sets or clears mayCache, keeping set.caching; under set.mu.
+func (vm *viewMember) setMayCache(on bool) {
+	if vm.mayCache.Load() != on {
+		vm.mayCache.Store(on)
+		if on {
+			vm.set.caching.Add(1)
+		} else {
+			vm.set.caching.Add(-1)
+		}
+	}
+}
+
+// othersWrite reports whether another view may have a writable handle.
+func (vm *viewMember) othersWrite() bool { return vm.set.writers.Load() > vm.writers.Load() }
+
+// othersCache reports whether another view may hold pages.
+func (vm *viewMember) othersCache() bool {
+	mine := int32(0)
+	if vm.mayCache.Load() {
+		mine = 1
+	}
+	return vm.set.caching.Load() > mine
+}
+
 // others calls f for every live member of the set but vm, under s.mu,
-// and drops the members that are gone.
+// and drops the members that are gone (counting them out of caching: a
+// member with handles, hence writers, is never gone).
 func (vm *viewMember) others(f func(o *viewMember)) {
 	s := vm.set
 	live := s.members[:0]
+	caching := int32(0)
 	for _, p := range s.members {
 		o := p.Value()
 		if o == nil {
 			continue
 		}
 		live = append(live, p)
+		if o.mayCache.Load() {
+			caching++
+		}
 		if o != vm {
 			f(o)
 		}
 	}
-	clear(s.members[len(live):])
-	s.members = live
+	if len(live) < len(s.members) {
+		clear(s.members[len(live):])
+		s.members = live
+		s.caching.Store(caching)
+	}
 }
 
 // open counts a handle of the view opened for writing or not, and says
@@ -238,13 +278,14 @@ func (vm *viewMember) open(write, direct bool) (cached bool) {
 	}
 	vm.handles++
 	if write {
-		vm.writers++
+		vm.writers.Add(1)
+		s.writers.Add(1)
 		if cached {
 			vm.cachedWriters++
 		}
 	}
 	if cached {
-		vm.mayCache.Store(true)
+		vm.setMayCache(true)
 	}
 	return cached
 }
@@ -259,7 +300,8 @@ func (vm *viewMember) release(write, cached bool) {
 	defer s.mu.Unlock()
 	vm.handles--
 	if write {
-		vm.writers--
+		vm.writers.Add(-1)
+		s.writers.Add(-1)
 		if cached {
 			vm.cachedWriters--
 		}
@@ -269,7 +311,9 @@ func (vm *viewMember) release(write, cached bool) {
 // cached notes that a page-cache request was served through the view.
 func (vm *viewMember) cached() {
 	if vm != nil && !vm.mayCache.Load() {
-		vm.mayCache.Store(true)
+		vm.set.mu.Lock()
+		vm.setMayCache(true)
+		vm.set.mu.Unlock()
 	}
 }
 
@@ -307,11 +351,14 @@ func (vm *viewMember) writing(off, n int64, k ioKind) {
 // cached one, for a page fault) write back its dirty pages of the disk's
 // bytes [off, off+n).
 func (vm *viewMember) flush(off, n int64, k ioKind, fault bool) {
+	if !vm.othersWrite() {
+		return
+	}
 	s := vm.set
 	var flush []*viewMember
 	s.mu.Lock()
 	vm.others(func(o *viewMember) {
-		if o.writers > 0 && (!fault || o.cachedWriters > 0) && o.v.overlaps(off, n) {
+		if o.writers.Load() > 0 && (!fault || o.cachedWriters > 0) && o.v.overlaps(off, n) {
 			flush = append(flush, o)
 		}
 	})
@@ -349,6 +396,9 @@ func (vm *viewMember) wrote(off, n int64, k ioKind) {
 	if k != directIO {
 		vm.cached() // the written pages are in the view's cache
 	}
+	if !vm.othersCache() {
+		return
+	}
 	s := vm.set
 	var drops []dropping
 	s.mu.Lock()
@@ -358,7 +408,7 @@ func (vm *viewMember) wrote(off, n int64, k ioKind) {
 		}
 		d := dropping{to: o, off: off, n: n}
 		if o.handles == 0 {
-			o.mayCache.Store(false)
+			o.setMayCache(false)
 			d.n = -1
 		}
 		drops = append(drops, d)

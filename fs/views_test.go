@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
 // fakeView is a view of the disk's bytes [start, end) that records the
@@ -341,4 +343,32 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// BenchmarkViewsOneFile is what the views add to a READ and a WRITE of a
+// disk used through one file at a time: the request's kind recorded and
+// found (kindsFS), reading, writing and wrote, with the disk's other two
+// views (its partitions) looked up but never read.
+func BenchmarkViewsOneFile(b *testing.B) {
+	d := newTestDisk(true)
+	d.vRaw.open(true, true)
+	var k requestKinds
+	b.RunParallel(func(pb *testing.PB) {
+		c := make(chan struct{})
+		ctx := &fuse.Context{Cancel: c}
+		for pb.Next() {
+			slot := k.start(c, cachedIO)
+			kind := k.of(ctx)
+			d.vRaw.reading(4<<20, 4096, kind, true)
+			d.vRaw.cached()
+			k.done(slot)
+
+			slot = k.start(c, throughIO)
+			kind = k.of(ctx)
+			d.vRaw.writing(4<<20, 4096, kind)
+			d.vRaw.wrote(4<<20, 4096, kind)
+			k.done(slot)
+		}
+	})
+	runtime.KeepAlive(d)
 }
