@@ -24,13 +24,67 @@ type imageNode struct {
 	size  int64  // a partition's size; for a whole disk, its size when listed
 
 	replaced atomic.Bool // a write past the end replaced it (writeback.go)
+
+	// vw is the node as a view of its disk's bytes (views.go), for a
+	// disk that may be written; else nil.
+	vw *viewMember
 }
 
 var (
 	_ = (gofs.NodeOpener)((*imageNode)(nil))
 	_ = (gofs.NodeGetattrer)((*imageNode)(nil))
 	_ = (gofs.NodeSetattrer)((*imageNode)(nil))
+	_ = (gofs.NodeOnAdder)((*imageNode)(nil))
 )
+
+// OnAdd makes a new node of a writable mount's disk (not a snapshot) a
+// view of the disk's bytes. (go-fuse calls it only for a node it takes
+// into the tree, not for one it drops for a node it already knew.)
+func (n *imageNode) OnAdd(ctx context.Context) {
+	if n.m.cfg.Writable && n.x.snap == 0 {
+		n.vw = n.m.views.join(n.disk().base(), n)
+	}
+}
+
+// overlaps reports whether the node's file shows any of the disk's bytes
+// [off, off+size): a partition its range, a whole disk all of them.
+func (n *imageNode) overlaps(off, size int64) bool {
+	if n.part == 0 {
+		return true
+	}
+	return (size < 0 || off < n.start+n.size) && off+size > n.start
+}
+
+// drop has the kernel write back and drop the node's pages that hold the
+// disk's bytes [off, off+size) (all of them if size < 0). A node the kernel
+// has forgotten has none (ENOENT).
+func (n *imageNode) drop(off, size int64) {
+	if size < 0 {
+		n.NotifyContent(0, 0)
+	} else if o, l := n.fileRange(off, size); l > 0 {
+		n.NotifyContent(o, l)
+	}
+}
+
+// fileRange is where the disk's bytes [off, off+size) lie in the node's
+// file: l bytes at o, none if l is 0.
+func (n *imageNode) fileRange(off, size int64) (o, l int64) {
+	lo, hi := off, off+size
+	if n.part != 0 {
+		lo, hi = max(lo, n.start), min(hi, n.start+n.size)
+	}
+	if lo >= hi {
+		return 0, 0
+	}
+	return lo - n.start, hi - lo
+}
+
+// directViews says whether a handle of one of a disk's views may bypass
+// the page cache (views.go): with the writeback cache, only on a kernel
+// that writes the dirty pages of a range back before a direct write of it.
+func (m *mount) directViews() bool {
+	return !m.cfg.WritebackCache || m.directFlushes.Load()
+}
 
 // disk is the disk (or partition) the node shows.
 func (n *imageNode) disk() diskID {
@@ -68,13 +122,19 @@ func (n *imageNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, ui
 		return nil, 0, errnoOf(err)
 	}
 	h := &imageHandle{n: n, oi: oi, write: write}
-	if flags&syscall.O_DIRECT == 0 {
+	h.cached = n.vw.open(write, n.m.directViews())
+	// Pages written back through another view are dropped from this
+	// one's before it is read.
+	n.vw.barrier()
+	if !write && h.cached && flags&syscall.O_DIRECT == 0 {
 		h.holes = newHoleWatch() // (O_DIRECT reads bypass the page cache)
 	}
-	return h, n.m.openFlags(write, flags), 0
+	return h, n.m.openFlags(write, flags, h.cached), 0
 }
 
-// openFlags are the open reply's flags. A handle opened for writing with
+// openFlags are the open reply's flags. A handle of a disk that another
+// view of its bytes has open (views.go) may have to do without the page
+// cache (cached false). A handle opened for writing with
 // O_DIRECT bypasses the kernel's page cache anyway; FOPEN_DIRECT_IO with
 // FOPEN_PARALLEL_DIRECT_WRITES lets the kernel send its writes in
 // parallel. (On the cached path the kernel holds the file's lock across
@@ -86,9 +146,12 @@ func (n *imageNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, ui
 // writeback cache, only if the kernel also writes the range's dirty pages
 // back first (KernelFlags), else one written back later would overwrite
 // the direct write.
-func (m *mount) openFlags(write bool, flags uint32) uint32 {
-	if write && flags&syscall.O_DIRECT != 0 && (!m.cfg.WritebackCache || m.directFlushes.Load()) {
+func (m *mount) openFlags(write bool, flags uint32, cached bool) uint32 {
+	if write && (!cached || flags&syscall.O_DIRECT != 0 && m.directViews()) {
 		return fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_DIRECT_IO | fuse.FOPEN_PARALLEL_DIRECT_WRITES
+	}
+	if !cached {
+		return fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_DIRECT_IO
 	}
 	return fuse.FOPEN_KEEP_CACHE
 }
@@ -166,12 +229,14 @@ func (n *imageNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.Set
 	if err != nil {
 		return errnoOf(err)
 	}
+	old := img.Size()
 	if err := img.Resize(int64(size)); err != nil {
 		n.m.log.Warn("resize refused", "image", oi.imagePath(), "size", size, "reason", err.Error())
 		return errnoOf(err)
 	}
 	n.m.grown(oi.d, img.Size())
 	n.grewViews()
+	n.vw.grew(old, img.Size())
 	n.m.wrote(oi)
 	return n.Getattr(ctx, f, out)
 }
@@ -180,10 +245,11 @@ func (n *imageNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.Set
 // fallocate and fsync are answered here, against the image the handle
 // holds.
 type imageHandle struct {
-	n     *imageNode
-	oi    *openImage
-	write bool       // opened for writing
-	holes *holeWatch // reads meeting holes in the page cache (reread.go); nil for O_DIRECT
+	n      *imageNode
+	oi     *openImage
+	write  bool       // opened for writing
+	cached bool       // through the page cache, as views.go decided
+	holes  *holeWatch // reads meeting holes in the page cache (reread.go); nil but for cached read-only handles
 }
 
 var _ = (gofs.FileReader)((*imageHandle)(nil))
@@ -195,6 +261,14 @@ func (h *imageHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 		// Not in this request: the kernel waits for the locked pages of
 		// the reads in flight, this one's included, to drop them.
 		go n.NotifyContent(off+int64(len(dest)), 0)
+	}
+	if n.vw == nil {
+		return n.m.read(h.oi, dest, n.start+off, n.start+n.fileSize(h.oi))
+	}
+	kind := n.m.kinds.of(ctx)
+	n.vw.reading(n.start+off, int64(len(dest)), kind, h.cached)
+	if kind == cachedIO {
+		n.vw.cached()
 	}
 	return n.m.read(h.oi, dest, n.start+off, n.start+n.fileSize(h.oi))
 }
@@ -221,11 +295,16 @@ func (h *imageHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 		return 0, syscall.ENOSPC
 	}
 	data = data[:min(int64(len(data)), end-off)]
+	kind := n.m.kinds.of(ctx)
+	n.vw.writing(n.start+off, int64(len(data)), kind)
 	img, err := n.m.writeTarget(h.oi)
 	if err != nil {
 		return 0, n.m.writeFailed(h.oi, off, err)
 	}
 	k, err := img.WriteAt(data, n.start+off)
+	if k > 0 {
+		n.vw.wrote(n.start+off, int64(k), kind)
+	}
 	if err != nil {
 		return uint32(k), n.m.writeFailed(h.oi, off, err)
 	}
@@ -247,6 +326,9 @@ func (h *imageHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 		return h.n.m.writeFailed(h.oi, -1, err)
 	}
 	h.n.tableWritten(h.oi)
+	// What was written back through the page cache is dropped from the
+	// other views before the fsync returns.
+	h.n.vw.barrier()
 	return 0
 }
 
@@ -289,7 +371,11 @@ func (h *imageHandle) Allocate(ctx context.Context, off, size uint64, mode uint3
 		if o >= end {
 			return 0
 		}
-		if err := img.Discard(n.start+o, min(l, end-o)); err != nil {
+		l = min(l, end-o)
+		n.vw.writing(n.start+o, l, directIO)
+		err := img.Discard(n.start+o, l)
+		n.vw.wrote(n.start+o, l, directIO)
+		if err != nil {
 			return n.m.writeFailed(h.oi, o, err)
 		}
 	case unix.FALLOC_FL_ZERO_RANGE:
@@ -299,10 +385,15 @@ func (h *imageHandle) Allocate(ctx context.Context, off, size uint64, mode uint3
 			}
 			n.m.grown(h.oi.d, img.Size())
 			n.grewViews()
+			n.vw.grew(end, img.Size())
 			end = n.fileSize(h.oi)
 		}
 		if o < end {
-			if err := img.WriteZeroes(n.start+o, min(l, end-o)); err != nil {
+			l = min(l, end-o)
+			n.vw.writing(n.start+o, l, directIO)
+			err := img.WriteZeroes(n.start+o, l)
+			n.vw.wrote(n.start+o, l, directIO)
+			if err != nil {
 				return n.m.writeFailed(h.oi, o, err)
 			}
 		}
@@ -316,6 +407,7 @@ func (h *imageHandle) Allocate(ctx context.Context, off, size uint64, mode uint3
 			}
 			n.m.grown(h.oi.d, img.Size())
 			n.grewViews()
+			n.vw.grew(end, img.Size())
 		}
 	default:
 		return syscall.EOPNOTSUPP
@@ -351,6 +443,7 @@ var _ = (gofs.FileReleaser)((*imageHandle)(nil))
 
 // Release gives the handle's use of the image back.
 func (h *imageHandle) Release(ctx context.Context) syscall.Errno {
+	h.n.vw.release(h.write, h.cached)
 	h.n.m.closeHandle(h.oi, h.write)
 	return 0
 }

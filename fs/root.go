@@ -97,9 +97,13 @@ const maxRead = 1<<20 - 8<<10
 
 // mount is the state shared by every node of one mount.
 type mount struct {
-	cfg Config
-	log *slog.Logger
-	src tree // the local folder or the remote objects (tree.go)
+	// inProcess: a test mounts the tree in its own process and reads it
+	// from its own threads, which the self guard (selfguard.go) would
+	// refuse.
+	inProcess bool
+	cfg       Config
+	log       *slog.Logger
+	src       tree // the local folder or the remote objects (tree.go)
 
 	ids *identities // generations of source files, identity.go
 	reg registry    // open images, registry.go
@@ -109,6 +113,9 @@ type mount struct {
 
 	usage *usageTable // st_blocks of images, usage.go
 	errs  errorLog    // failed reads and writes, errlog.go
+
+	views *views       // the views of each writable disk, kept coherent: views.go
+	kinds requestKinds // how each READ and WRITE in flight was sent: requests.go
 
 	refMu    sync.Mutex
 	refused  map[string]error   // images not shown, by path (status.go)
@@ -183,6 +190,7 @@ func NewRoot(cfg Config) (*Root, error) {
 		}
 	}
 	m := &mount{cfg: cfg, log: cfg.Log, src: src, ids: newIdentities(), usage: newUsageTable(), refused: map[string]error{}, readOnly: map[string]string{}, backing: map[fileKey]string{}, images: map[fileKey]string{}, fds: newFDBudget()}
+	m.views = newViews(cfg.Writable && cfg.WritebackCache)
 	m.log.Debug("file descriptors", "limit", m.fds.nofile, "for open images", m.fds.limit, "per folder", m.fds.perFolder)
 	m.reg.images = map[diskID]*openImage{}
 	m.reg.closing = map[fileKey]int{}
@@ -244,12 +252,14 @@ func (r *Root) Close() {
 // Options returns go-fuse options suited to a mount of cfg: read-only
 // unless writable, with the kernel's writeback cache if asked.
 //
-// With the writeback cache, the mount also asks for
-// FUSE_DIRECT_IO_ALLOW_MMAP: a kernel that knows it (6.6 and later)
-// writes back the dirty pages of a range before an FOPEN_DIRECT_IO write
-// of it, and invalidates them after, so that O_DIRECT writers may keep
-// their parallel path (openFlags, KernelFlags) without a dirty page
-// written back later overwriting what they wrote.
+// A writable mount also asks for FUSE_DIRECT_IO_ALLOW_MMAP: a kernel that
+// knows it (6.6 and later) lets FOPEN_DIRECT_IO files be mapped shared
+// (the handles of a disk's views that do without the page cache:
+// views.go), and writes back the dirty pages of a range before an
+// FOPEN_DIRECT_IO write of it, and invalidates them after, so that with
+// the writeback cache O_DIRECT writers may keep their parallel path
+// (openFlags, KernelFlags) without a dirty page written back later
+// overwriting what they wrote.
 func Options(cfg Config) *gofs.Options {
 	writable := cfg.Writable
 	et, at := entryTimeout, dirAttrTimeout
@@ -261,8 +271,11 @@ func Options(cfg Config) *gofs.Options {
 		opts = append(opts, "ro")
 	}
 	var caps uint64
-	if writable && cfg.WritebackCache {
-		caps = fuse.CAP_WRITEBACK_CACHE | fuse.CAP_DIRECT_IO_ALLOW_MMAP
+	if writable {
+		caps = fuse.CAP_DIRECT_IO_ALLOW_MMAP
+		if cfg.WritebackCache {
+			caps |= fuse.CAP_WRITEBACK_CACHE
+		}
 	}
 	return &gofs.Options{
 		EntryTimeout:    &et,

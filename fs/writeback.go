@@ -39,12 +39,21 @@ import (
 //     partitions do not.
 
 // Mount mounts root at dir, as go-fuse's fs.Mount does, with the node
-// file system wrapped in cachedWrites, and returns the serving server.
-// afterInit, if not nil, runs once the kernel's INIT is answered and
-// before the mount is used (a FUSE-over-io_uring transport registers its
-// rings then: uring.go); an error from it unmounts.
+// file system wrapped in cachedWrites, the self guard (selfguard.go) and,
+// for a writable mount, kindsFS (requests.go), and returns the serving
+// server. afterInit, if not nil, runs once the kernel's INIT is answered
+// and before the mount is used (a FUSE-over-io_uring transport registers
+// its rings then: uring.go); an error from it unmounts.
 func Mount(dir string, root *Root, opts *gofs.Options, afterInit func(*fuse.Server) error) (*fuse.Server, error) {
-	server, err := fuse.NewServer(newSelfGuard(cachedWrites{gofs.NewNodeFS(root, opts)}, root.m.log), dir, &opts.MountOptions)
+	nodes := gofs.NewNodeFS(root, opts)
+	if root.m.cfg.Writable {
+		nodes = kindsFS{nodes, &root.m.kinds}
+	}
+	var raw fuse.RawFileSystem = cachedWrites{nodes}
+	if !root.m.inProcess {
+		raw = newSelfGuard(raw, root.m.log)
+	}
+	server, err := fuse.NewServer(raw, dir, &opts.MountOptions)
 	if err != nil {
 		return nil, err
 	}

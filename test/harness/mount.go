@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/qcowfs/qcowfs/internal/mountinfo"
 )
 
@@ -324,4 +326,45 @@ func abortStuck(t testing.TB, mnt, conn string) {
 	if err := os.WriteFile(filepath.Join(fusectl, conn, "abort"), []byte("1\n"), 0); err != nil {
 		t.Logf("aborting the FUSE connection of %s: %v", mnt, err)
 	}
+}
+
+// Watchdog aborts the mount's FUSE connection unless stop is called
+// within d: a test that may deadlock the daemon then fails instead of
+// hanging. It is a process of its own, since a deadlock can freeze the
+// test's: a goroutine in a page fault of a mapping the daemon does not
+// answer cannot be stopped by the Go runtime, and a garbage collection
+// then waits for it for ever. Before aborting it prints the kernel stacks
+// of the daemon's threads, where they wait, on the test's stderr. The
+// abort fails whatever waits on the mount: a page fault with SIGBUS, which
+// kills the test process.
+func (m *Mounted) Watchdog(t testing.TB, d time.Duration) (stop func()) {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(m.Dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	abort := "/sys/fs/fuse/connections/" + strconv.FormatUint(uint64(unix.Minor(st.Dev)), 10) + "/abort"
+	if _, err := os.Stat(abort); err != nil {
+		t.Fatalf("watchdog: %v", err)
+	}
+	script := `sleep "$1"
+echo "watchdog: the mount on $2 did not finish in $1 s: a deadlock? the daemon's threads in the kernel:" >&2
+for s in /proc/"$3"/task/*/stack; do echo "$s:"; cat "$s"; done >&2
+echo 1 > "$4"`
+	cmd := exec.Command("sh", "-c", script, "watchdog", strconv.Itoa(int(d.Seconds())), m.Dir, strconv.Itoa(m.PID(t)), abort)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("watchdog: %v", err)
+	}
+	stopped := false
+	stop = func() {
+		if !stopped {
+			stopped = true
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			cmd.Wait()
+		}
+	}
+	t.Cleanup(stop)
+	return stop
 }
