@@ -295,16 +295,7 @@ func killRound(t *testing.T, r *rand.Rand, round int, k killImage) {
 			}
 		}
 	}()
-	// The kill comes at a random moment (this is the fault
-	// injected, not a wait for anything).
-	time.Sleep(time.Duration(50+r.IntN(700)) * time.Millisecond)
-	unix.Kill(daemon, unix.SIGKILL)
-	var acked uint64
-	select {
-	case acked = <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the writer did not notice the daemon was gone")
-	}
+	acked := killAfter(t, m, daemon, time.Duration(50+r.IntN(700))*time.Millisecond, done)
 	f.Close()
 	ack.Close()
 	harness.WaitGone(t, m.Dir)
@@ -342,8 +333,29 @@ func killRound(t *testing.T, r *rand.Rand, round int, k killImage) {
 	}
 	t.Logf("round %d (%v): fsync every %d, %d records acknowledged, qemu-img check exit %d", round, args, every, acked, check.Code)
 
-	// It mounts and writes again.
-	m2 := harness.Mount(t, src, append([]string{"--writable"}, k.args...)...)
+	writesAgain(t, src, k.args, k.check)
+}
+
+// killAfter kills the daemon with SIGKILL after d (the fault injected at
+// a random moment, not a wait for anything) and returns what the writer
+// sends on done once it notices.
+func killAfter[T any](t *testing.T, m *harness.Mounted, daemon int, d time.Duration, done <-chan T) T {
+	time.Sleep(d)
+	unix.Kill(daemon, unix.SIGKILL)
+	select {
+	case v := <-done:
+		return v
+	case <-time.After(30 * time.Second):
+		t.Fatal("the writer did not notice the daemon was gone")
+		panic("unreachable")
+	}
+}
+
+// writesAgain checks that the image in src, after a kill, mounts writable
+// again (with args), takes a write and an fsync, and passes check (leaks
+// allowed) after the unmount.
+func writesAgain(t *testing.T, src string, args []string, check func(*testing.T) harness.Result) {
+	m2 := harness.Mount(t, src, append([]string{"--writable"}, args...)...)
 	g := harness.OpenFile(t, filepath.Join(m2.Dir, "vm.raw"), os.O_RDWR)
 	if _, err := g.WriteAt(killRecordAt(1<<40, 0), 0); err != nil {
 		t.Fatal(err)
@@ -354,9 +366,8 @@ func killRound(t *testing.T, r *rand.Rand, round int, k killImage) {
 	g.Close()
 	m2.Unmount(t)
 	harness.WaitGone(t, m2.Dir) // (its locks go with it)
-	check = k.check(t)
-	if check.Code != 0 && check.Code != 3 {
-		t.Fatalf("qemu-img check after mounting again (exit %d):\n%s%s", check.Code, check.Stdout, check.Stderr)
+	if c := check(t); c.Code != 0 && c.Code != 3 {
+		t.Fatalf("qemu-img check after mounting again (exit %d):\n%s%s", c.Code, c.Stdout, c.Stderr)
 	}
 }
 
