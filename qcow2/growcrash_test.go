@@ -104,16 +104,19 @@ func growWorkloads(steps int, seed uint64) []crashWorkload {
 // corruption, every flushed sector reads back, the size is one the disk
 // had at or after the last acknowledged flush). QCOWFS_GROW_SEEDS=N runs
 // N seeds of each workload (default 1), QCOWFS_GROW_STEPS the grows per
-// workload (default 9).
+// workload (default 7: the fewest at which grow-512-r64 still fails with
+// the refcount table entry of a new block left unwritten before a header
+// switch; the run reported in the commit that made this test used 8 seeds
+// of 14).
 func TestGrowCrashConsistency(t *testing.T) {
 	qemu.Require(t, "qemu-img", "qemu-io")
 	t.Parallel()
-	seeds, steps := envInt(t, "QCOWFS_GROW_SEEDS", 1), envInt(t, "QCOWFS_GROW_STEPS", 9)
+	seeds, steps := envInt(t, "QCOWFS_GROW_SEEDS", 1), envInt(t, "QCOWFS_GROW_STEPS", 7)
 	for seed := range seeds {
 		for _, wl := range growWorkloads(steps, uint64(seed)) {
 			t.Run(fmt.Sprintf("%s/seed%d", wl.name, seed), func(t *testing.T) {
 				t.Parallel()
-				res := runCrashWorkload(t, wl, 2)
+				res := runCrashWorkload(t, wl, 1)
 				t.Logf("%d states, %d with leaks (%d leaked clusters), %d corruptions, %d data-check failures",
 					res.states, res.leakStates, res.leaks, res.corruptions, res.dataFailures)
 			})
